@@ -1,0 +1,220 @@
+"""MAGRPO family end to end on the tiny local models."""
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trl_marl import (
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MAREINFORCEConfig,
+    MAREINFORCETrainer,
+    MAReMaxConfig,
+    MAReMaxTrainer,
+    MARLOOConfig,
+    MARLOOTrainer,
+    load_task,
+)
+
+
+def length_reward(c1, c2):
+    return [float(len(a) - len(b)) / 10 for a, b in zip(c1, c2)]
+
+
+def test_magrpo_learns_the_coordination_task(tmp_path, tiny_path):
+    task = load_task("coordination")
+    args = MAGRPOConfig(
+        output_dir=str(tmp_path),
+        num_agents=2,
+        num_generations=4,
+        max_new_tokens=16,
+        rollout_buffer_size=8,
+        learning_rate=3e-3,
+        max_steps=40,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        eval_num_samples=16,
+        seed=0,
+    )
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=task.reward_func,
+        formatters=task.formatters,
+        args=args,
+        train_dataset=task.train_dataset,
+        eval_dataset=task.eval_dataset,
+    )
+    before = trainer.evaluate_reward()["eval_reward"]
+    trainer.train()
+    after = trainer.evaluate_reward()["eval_reward"]
+    assert after > before + 0.1, (before, after)
+    logged = trainer.state.log_history[0]
+    for key in (
+        "agent_1/loss",
+        "agent_2/grad_norm",
+        "agent_1/learning_rate",
+        "agent_2/completion_length",
+        "turn_1/reward_mean",
+        "turn_1/expected_return",
+        "env_step",
+    ):
+        assert key in logged, key
+    assert logged["env_step"] == 10 * 8 * 4  # 10 steps x 8 items x G joint actions
+
+
+@pytest.mark.parametrize(
+    "trainer_cls, config_cls",
+    [(MAREINFORCETrainer, MAREINFORCEConfig), (MARLOOTrainer, MARLOOConfig), (MAReMaxTrainer, MAReMaxConfig)],
+)
+def test_baseline_variants_train_and_default_normalization_off(make_args, items, tiny_path, trainer_cls, config_cls):
+    args = make_args(config_cls, max_steps=2)
+    assert args.advantage_normalization is False
+    t = trainer_cls(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    t.train()
+    assert t.state.global_step == 2
+
+
+def test_variants_differ_from_magrpo_without_normalization(make_args, items, tiny_path):
+    """Same seed, same samples: MARLOO's update differs from MAGRPO's only through the baseline."""
+    weights = []
+    for trainer_cls, cfg in ((MAGRPOTrainer, MAGRPOConfig), (MARLOOTrainer, MARLOOConfig)):
+        args = make_args(cfg, max_steps=1, advantage_normalization=False, num_generations=3, learning_rate=1e-2)
+        t = trainer_cls(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+        t.train()
+        weights.append(torch.cat([p.detach().flatten() for p in t.team.agents[0].parameters()]))
+    # loo advantage = G/(G-1) x mean advantage: same direction, different size
+    assert not torch.allclose(weights[0], weights[1])
+
+
+def test_cross_mode_multi_turn_kl_and_trace(make_args, items, tiny_path, tmp_path):
+    def transition(prompt, agent_completions, num_agents, **_):
+        return [f"Improve: {c[:20]}" for c in agent_completions]
+
+    seen = []
+    args = make_args(
+        joint_mode="cross",
+        num_turns=2,
+        max_steps=1,
+        reference_kl_enabled=True,
+        reference_kl_coef=0.05,
+        discount=0.9,
+        trace_dir=str(tmp_path / "trace"),
+    )
+    t = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=length_reward,
+        args=args,
+        train_dataset=items,
+        external_transition=transition,
+        metrics_callback=lambda recs: seen.append(len(recs)) or {"joint_actions": len(recs)},
+    )
+    t.train()
+    # 2 items x (4 + 4 x 4) joint actions
+    assert seen == [2 * (4 + 16)]
+    log = t.state.log_history[0]
+    assert "agent_1/kl" in log and "turn_2/reward_mean" in log and log["joint_actions"] == 40
+    lines = (tmp_path / "trace" / "trace_rank0.jsonl").read_text().splitlines()
+    rec = json.loads(lines[0])
+    assert len(lines) == 40 and set(rec) >= {"step", "prompts", "completions", "reward", "advantages"}
+
+
+def test_heterogeneous_team_with_own_tokenizers(make_args, items, tiny_path, tiny_qwen_path):
+    toks = [AutoTokenizer.from_pretrained(tiny_path), AutoTokenizer.from_pretrained(tiny_qwen_path)]
+    agents = [AutoModelForCausalLM.from_pretrained(tiny_path), tiny_qwen_path]
+    t = MAGRPOTrainer(
+        agents=agents,
+        tokenizer=toks,
+        reward_func=length_reward,
+        args=make_args(max_steps=1),
+        train_dataset=items,
+        formatters=[lambda x: x["prompt"], lambda x: [{"role": "user", "content": x["prompt"]}]],
+    )
+    t.train()
+    assert type(t.team.agents[1]).__name__.startswith("Qwen2")
+
+
+def test_per_agent_learning_rate_groups(make_args, items, tiny_path):
+    t = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=length_reward,
+        train_dataset=items,
+        args=make_args(agent_learning_rate=2e-4, learning_rate=1e-3),
+    )
+    opt = t.create_optimizer()
+    names = {g["name"] for g in opt.param_groups}
+    assert names == {"agent_1", "agent_2"}
+    assert all(g["lr"] == 2e-4 for g in opt.param_groups)
+    ids = [{id(p) for g in opt.param_groups if g["name"] == f"agent_{i}" for p in g["params"]} for i in (1, 2)]
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
+    assert ids[0] == {id(p) for p in t.team.agents[0].parameters()}
+
+
+def test_save_model_writes_one_loadable_folder_per_agent(make_args, items, tiny_path, tmp_path):
+    t = MAGRPOTrainer(
+        agent_model=tiny_path, reward_func=length_reward, args=make_args(max_steps=1), train_dataset=items
+    )
+    t.train()
+    out = tmp_path / "saved"
+    t.save_model(str(out))
+    team = json.loads((out / "team.json").read_text())
+    assert team["algorithm"] == "MAGRPO" and [a["folder"] for a in team["agents"]] == ["agent_1", "agent_2"]
+    for i in (1, 2):
+        loaded = AutoModelForCausalLM.from_pretrained(out / f"agent_{i}")
+        AutoTokenizer.from_pretrained(out / f"agent_{i}")
+        for (k, a), b in zip(loaded.state_dict().items(), t.team.agents[i - 1].state_dict().values()):
+            torch.testing.assert_close(a, b, msg=k)
+
+
+def test_checkpoint_resume_restores_the_agents(make_args, items, tiny_path, tmp_path):
+    args = make_args(max_steps=2, save_strategy="steps", save_steps=2, output_dir=str(tmp_path / "ck"))
+    a = MAGRPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    a.train()
+    ckpt = tmp_path / "ck" / "checkpoint-2"
+    assert (ckpt / "agent_1" / "model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
+    args_b = make_args(max_steps=3, save_strategy="no", output_dir=str(tmp_path / "ck"))
+    b = MAGRPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args_b, train_dataset=items)
+    b._load_from_checkpoint(str(ckpt))
+    for pa, pb in zip(a.team.parameters(), b.team.parameters()):
+        torch.testing.assert_close(pa, pb)
+    b.train(resume_from_checkpoint=str(ckpt))
+    assert b.state.global_step == 3
+
+
+def test_evaluate_logs_task_reward(make_args, items, tiny_path):
+    t = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=length_reward,
+        args=make_args(eval_num_samples=3),
+        train_dataset=items,
+        eval_dataset=items,
+    )
+    m1 = t.evaluate()
+    m2 = t.evaluate()
+    assert set(m1) >= {"eval_reward", "eval_turn_1/reward_mean", "eval_agent_1/completion_length"}
+    assert m1["eval_reward"] == m2["eval_reward"]  # same weights, same evaluation stream
+    assert any("eval_reward" in h for h in t.state.log_history)
+
+
+def test_eval_interval_sets_the_strategy(make_args):
+    args = make_args(eval_interval=5)
+    assert args.eval_strategy == "steps" and args.eval_steps == 5
+
+
+def test_rollout_buffer_split_into_training_steps(make_args, items, tiny_path):
+    calls = []
+
+    def counting_reward(c1, c2):
+        calls.append(len(c1))
+        return [float(len(a)) for a in c1]
+
+    args = make_args(rollout_buffer_size=4, train_batch_size=2, max_steps=4)
+    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=counting_reward, args=args, train_dataset=items)
+    t.train()
+    assert calls == [8, 8]  # 2 rollouts of 4 items x G=2, each feeding 2 training steps
+    assert t.state.global_step == 4
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"

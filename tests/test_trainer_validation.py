@@ -1,0 +1,154 @@
+"""Bad input: each a clear error at construction, before any model loads."""
+
+import pytest
+
+from trl_marl import (
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MAREINFORCETrainer,
+    MAReMaxConfig,
+    MAReMaxTrainer,
+    MARLOOConfig,
+    MARLOOTrainer,
+)
+
+MISSING = "/nonexistent/model/path"  # loading it would raise OSError: every check must fire first
+
+
+def reward(c1, c2):
+    return [0.0] * len(c1)
+
+
+def build(make_args, items, trainer=MAGRPOTrainer, **kw):
+    args = kw.pop("args", None) or make_args()
+    return trainer(**{"agent_model": MISSING, "reward_func": reward, "args": args, "train_dataset": items, **kw})
+
+
+def test_multi_turn_without_transition(make_args, items):
+    with pytest.raises(ValueError, match="num_turns=2 needs an external_transition"):
+        build(make_args, items, args=make_args(num_turns=2))
+
+
+@pytest.mark.parametrize(
+    "trainer, cfg", [(MAGRPOTrainer, MAGRPOConfig), (MARLOOTrainer, MARLOOConfig), (MAReMaxTrainer, MAReMaxConfig)]
+)
+def test_group_baselines_need_two_generations(make_args, items, trainer, cfg):
+    with pytest.raises(ValueError, match="needs num_generations >= 2"):
+        build(make_args, items, trainer=trainer, args=make_args(cfg, num_generations=1))
+
+
+def test_mareinforce_accepts_one_generation(make_args, items, tiny_path):
+    from trl_marl import MAREINFORCEConfig
+
+    t = MAREINFORCETrainer(
+        agent_model=tiny_path,
+        reward_func=reward,
+        train_dataset=items,
+        args=make_args(MAREINFORCEConfig, num_generations=1),
+    )
+    assert t.args.advantage_normalization is False
+
+
+def test_unknown_joint_mode(make_args):
+    with pytest.raises(ValueError, match="joint_mode must be one of \\['aligned', 'cross'\\]"):
+        make_args(joint_mode="diagonal")
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_agents", 0, "num_agents must be >= 1"),
+        ("temperature", 0.0, "temperature must be > 0"),
+        ("top_p", 1.5, "top_p must be in"),
+        ("discount", 1.5, "discount must be in"),
+        ("train_batch_size", 3, "train_batch_size \\(3\\) must be >= 1 and divide rollout_buffer_size \\(2\\)"),
+        ("parallel_training", "threads", "parallel_training must be one of"),
+    ],
+)
+def test_config_errors_name_the_field(make_args, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        make_args(**{field: value})
+
+
+def test_mp_without_devices(make_args):
+    with pytest.raises(ValueError, match="parallel_training='mp' needs agent_devices"):
+        make_args(parallel_training="mp")
+
+
+def test_formatter_list_of_wrong_length(make_args, items):
+    with pytest.raises(ValueError, match="formatters has 3 entries but num_agents is 2"):
+        build(make_args, items, formatters=[str, str, str])
+
+
+def test_tokenizer_list_of_wrong_length(make_args, items, tiny_tokenizer):
+    with pytest.raises(ValueError, match="tokenizer list has 1 entries but num_agents is 2"):
+        build(make_args, items, tokenizer=[tiny_tokenizer])
+
+
+def test_agent_model_object_with_several_agents(make_args, items):
+    import torch
+
+    with pytest.raises(ValueError, match="agent_model is a model object but num_agents=2"):
+        build(make_args, items, agent_model=torch.nn.Linear(1, 1))
+
+
+def test_neither_agent_model_nor_agents(make_args, items):
+    with pytest.raises(ValueError, match="pass agent_model .* or agents"):
+        build(make_args, items, agent_model=None)
+
+
+def test_agents_list_length(make_args, items):
+    with pytest.raises(ValueError, match="agents has 3 entries but num_agents is 2"):
+        build(make_args, items, agent_model=None, agents=[MISSING] * 3)
+
+
+def test_empty_dataset(make_args):
+    from datasets import Dataset
+
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        build(make_args, Dataset.from_list([]))
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        build(make_args, None)
+
+
+def test_reward_with_wrong_signature(make_args, items):
+    with pytest.raises(TypeError, match="takes 4 required positional"):
+        build(make_args, items, reward_func=lambda a, b, c, d: [])
+
+
+def test_missing_reward(make_args, items):
+    with pytest.raises(ValueError, match="reward_func is required"):
+        build(make_args, items, reward_func=None)
+
+
+def _trainer(make_args, items, tiny_path, reward_func):
+    return MAGRPOTrainer(agent_model=tiny_path, reward_func=reward_func, args=make_args(), train_dataset=items)
+
+
+def test_reward_returning_wrong_length_fails_on_first_call(make_args, items, tiny_path):
+    def one_reward_only(c1, c2):
+        return [1.0]
+
+    t = _trainer(make_args, items, tiny_path, one_reward_only)
+    with pytest.raises(ValueError, match="one_reward_only.*returned 1 rewards for 4 joint actions"):
+        t.train()
+
+
+def test_reward_returning_nan_fails_on_first_call(make_args, items, tiny_path):
+    def nan_reward(c1, c2):
+        return [float("nan")] * len(c1)
+
+    t = _trainer(make_args, items, tiny_path, nan_reward)
+    with pytest.raises(ValueError, match="nan_reward.*at index 0.*finite"):
+        t.train()
+
+
+def test_dataset_smaller_than_a_rollout_batch(make_args, items, tiny_path):
+    t = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=reward,
+        train_dataset=items.select(range(1)),
+        args=make_args(rollout_buffer_size=2),
+    )
+    with pytest.raises(ValueError, match="fewer than one rollout batch"):
+        t.train()

@@ -1,0 +1,34 @@
+"""The math of every trainer, as small pure torch functions (tensors in, tensors out, formula in the docstring)."""
+
+from .advantages import (
+    BASELINES,
+    RunningMeanStd,
+    cross_sample_returns,
+    gae,
+    group_advantages,
+    normalize_in_groups,
+    td_targets,
+    tree_returns,
+)
+from .logprobs import completion_mask, sequence_logprobs, token_logprobs
+from .losses import bradley_terry_loss, k3_kl, madpo_loss, policy_gradient_loss, ppo_clip_loss, value_loss
+
+__all__ = [
+    "BASELINES",
+    "RunningMeanStd",
+    "bradley_terry_loss",
+    "completion_mask",
+    "cross_sample_returns",
+    "gae",
+    "group_advantages",
+    "k3_kl",
+    "madpo_loss",
+    "normalize_in_groups",
+    "policy_gradient_loss",
+    "ppo_clip_loss",
+    "sequence_logprobs",
+    "td_targets",
+    "token_logprobs",
+    "tree_returns",
+    "value_loss",
+]

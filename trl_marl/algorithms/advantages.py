@@ -1,0 +1,216 @@
+"""Baselines, advantages, returns, TD targets and GAE, as small pure torch functions.
+
+Nothing here knows about models, tokenizers or Trainers: tensors in, tensors out. Shapes use `G` for the samples of
+one group (the generations of one node), `T` for turns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = [
+    "BASELINES",
+    "group_advantages",
+    "normalize_in_groups",
+    "cross_sample_returns",
+    "tree_returns",
+    "td_targets",
+    "gae",
+    "RunningMeanStd",
+]
+
+BASELINES = ("mean", "raw", "loo", "max")
+
+# A group whose rewards spread less than this is treated as all-equal: its advantage is exactly zero.
+_STD_EPS = 1e-6
+
+
+def group_advantages(returns: torch.Tensor, baseline: str = "mean", normalize: bool = False) -> torch.Tensor:
+    """Group-relative advantages over the last dimension (one group = the G samples of one node).
+
+    With R the returns of a group of size G:
+
+    | baseline | A_j |
+    |---|---|
+    | `"mean"` (MAGRPO) | `R_j - mean(R)` |
+    | `"raw"` (MAREINFORCE) | `R_j` |
+    | `"loo"` (MARLOO) | `R_j - mean_{k != j} R_k = (G R_j - sum(R)) / (G - 1)` |
+    | `"max"` (MAReMax) | `R_j - max(R)` |
+
+    With `normalize=True` the advantage is then z-scored inside the group, `(A - mean(A)) / std(A)` with the
+    population std. A group whose returns are all equal (std below 1e-6) gets exactly zero advantage, never noise
+    divided by an epsilon. Note that with normalization every baseline gives the same result (each is a positive
+    affine map of R), which is why the non-mean trainers default it off.
+
+    Args:
+        returns: `(..., G)` returns.
+        baseline: one of `BASELINES`.
+        normalize: z-score inside each group.
+    """
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+    returns = returns.to(torch.float32)
+    G = returns.shape[-1]
+    if baseline == "mean":
+        adv = returns - returns.mean(dim=-1, keepdim=True)
+    elif baseline == "raw":
+        adv = returns.clone()
+    elif baseline == "loo":
+        if G < 2:
+            raise ValueError("the leave-one-out baseline needs at least 2 samples per group")
+        adv = (G * returns - returns.sum(dim=-1, keepdim=True)) / (G - 1)
+    else:  # max
+        adv = returns - returns.max(dim=-1, keepdim=True).values
+    if normalize:
+        adv = _zscore(adv, dim=-1)
+    return adv
+
+
+def _zscore(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    std = x.std(dim=dim, keepdim=True, unbiased=False)
+    centered = x - x.mean(dim=dim, keepdim=True)
+    flat = std < _STD_EPS
+    return torch.where(flat, torch.zeros_like(centered), centered / torch.where(flat, torch.ones_like(std), std))
+
+
+def normalize_in_groups(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Z-score `values` separately inside each group given by `group_ids` (same shape, 1-D).
+
+    Used by the actor-critic trainers to normalize TD errors per (agent, turn) group. A group of one sample, or
+    one whose values are all equal, gets zero.
+    """
+    values = values.to(torch.float32)
+    out = torch.zeros_like(values)
+    for g in torch.unique(group_ids):
+        idx = group_ids == g
+        out[idx] = _zscore(values[idx], dim=0)
+    return out
+
+
+def cross_sample_returns(joint_returns: torch.Tensor, agent: int) -> torch.Tensor:
+    """Per-sample returns of one agent in `"cross"` joint mode.
+
+    In cross mode the joint actions of a node are the Cartesian product of the agents' samples, laid out as a tensor
+    of shape `(G,) * n` (agent i's sample index on axis i). Agent i's sample k appears in G^(n-1) joint actions; its
+    return is the MEAN of their returns:
+
+        R_i[k] = mean_{joint j : j_i = k} R_joint[j]
+
+    Args:
+        joint_returns: `(G,) * n` tensor of joint returns (or `(..., G^n)` flattened in row-major order with
+            `agent` counted from the first of the trailing n axes; pass it reshaped).
+        agent: the axis of the agent.
+    """
+    dims = [d for d in range(joint_returns.ndim) if d != agent]
+    return joint_returns.mean(dim=dims) if dims else joint_returns
+
+
+def tree_returns(rewards: torch.Tensor, child_returns: Sequence[torch.Tensor | None], discount: float = 1.0):
+    """Returns of one node of a rollout tree.
+
+    A leaf's return is its reward. An inner node's return for joint action j is
+
+        R_j = r_j + discount * mean(R_child_j)
+
+    where `R_child_j` are the returns of the joint actions of the child node that joint action j spawned
+    (`None` for a joint action that spawned no child: a leaf, or a node that terminated early).
+
+    Args:
+        rewards: `(J,)` rewards of the node's J joint actions (or `(J, n)` per-agent rewards).
+        child_returns: J entries, each a `(J_child,)` (or `(J_child, n)`) tensor or None.
+        discount: gamma.
+    """
+    out = rewards.to(torch.float32).clone()
+    if len(child_returns) != rewards.shape[0]:
+        raise ValueError(f"expected {rewards.shape[0]} child entries, got {len(child_returns)}")
+    for j, child in enumerate(child_returns):
+        if child is not None:
+            out[j] = out[j] + discount * child.to(torch.float32).mean(dim=0)
+    return out
+
+
+def td_targets(
+    rewards: torch.Tensor, next_values: torch.Tensor, has_next: torch.Tensor, discount: float = 1.0
+) -> torch.Tensor:
+    """One-step TD targets.
+
+        V_hat_t = r_t + discount * V(h_{t+1})   if turn t has a successor
+        V_hat_t = r_t                           for the last collected turn (single turn, last turn, early end)
+
+    `next_values` holds V(h_{t+1}) (or Q(h_{t+1}, a_{t+1}) with the sampled next action, in Q mode); entries where
+    `has_next` is False are ignored.
+    """
+    rewards = rewards.to(torch.float32)
+    bootstrap = torch.where(has_next.bool(), next_values.to(torch.float32), torch.zeros_like(rewards))
+    return rewards + discount * bootstrap
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    has_next: torch.Tensor,
+    discount: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation along the LAST dimension (turns) of one trajectory or a batch of them.
+
+        delta_t = r_t + discount * V(h_{t+1}) * has_next_t - V(h_t)
+        A_t     = delta_t + discount * lam * has_next_t * A_{t+1}
+        V_hat_t = A_t + V(h_t)
+
+    Returns `(advantages, value_targets)`. With `lam=0` this is the one-step TD error; with `lam=1` and no
+    bootstrap at the end it is the Monte Carlo return minus the value.
+    """
+    rewards = rewards.to(torch.float32)
+    values = values.to(torch.float32)
+    mask = has_next.to(torch.float32)
+    deltas = rewards + discount * next_values.to(torch.float32) * mask - values
+    adv = torch.zeros_like(deltas)
+    running = torch.zeros_like(deltas[..., 0])
+    for t in reversed(range(deltas.shape[-1])):
+        running = deltas[..., t] + discount * lam * mask[..., t] * running
+        adv[..., t] = running
+    return adv, adv + values
+
+
+class RunningMeanStd:
+    """Running mean and variance of value targets (Welford / parallel update), for value normalization.
+
+    `normalize(x) = (x - mean) / sqrt(var + eps)` and `denormalize` its inverse; `update(batch)` folds a batch in.
+    Its `state_dict` is saved with checkpoints.
+    """
+
+    def __init__(self, eps: float = 1e-5):
+        self.mean = 0.0
+        self.var = 1.0
+        self.count = 0.0
+        self.eps = eps
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.detach().to(torch.float64).flatten()
+        if x.numel() == 0:
+            return
+        b_mean, b_var, b_count = x.mean().item(), x.var(unbiased=False).item(), float(x.numel())
+        if self.count == 0:
+            self.mean, self.var, self.count = b_mean, b_var, b_count
+            return
+        delta = b_mean - self.mean
+        total = self.count + b_count
+        self.mean += delta * b_count / total
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
+        self.var, self.count = m2 / total, total
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / (self.var + self.eps) ** 0.5
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (self.var + self.eps) ** 0.5 + self.mean
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), float(state["count"])

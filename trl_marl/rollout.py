@@ -1,0 +1,414 @@
+"""JointRollout: batched generation per agent, joint actions (aligned / cross), multi-turn trees, early termination.
+
+A rollout turns a batch of task items into a tree of NODES. At a node every agent samples `num_generations` (G)
+completions of its prompt; the samples combine into joint actions:
+
+- `"aligned"`: joint j = (agent 1 sample j, ..., agent n sample j), G joint actions;
+- `"cross"`: the Cartesian product, G^n joint actions (agent i's sample index on axis i, row-major).
+
+All joint actions of a turn (every node of every item) are scored in ONE reward call. Unless the turn is the last
+or the node terminated early (its mean processed reward exceeds `early_termination_threshold`), each joint action
+spawns a child node whose prompts come from `external_transition`. Generation is batched: at each turn ONE
+`generate_fn` call covers every active node of every item for all agents (the trainer then runs one `generate` per
+agent over all those prompts x G).
+
+This module knows nothing about losses. `assign_returns` turns the tree's rewards into per-agent returns and
+advantages with the functions of `trl_marl.algorithms`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .algorithms.advantages import cross_sample_returns, group_advantages, tree_returns
+from .rewards import RewardFunction
+from .team import PromptText
+
+__all__ = [
+    "GenerationOutput",
+    "Sample",
+    "Node",
+    "Rollout",
+    "JointRollout",
+    "assign_returns",
+    "JOINT_MODES",
+    "tree_size",
+]
+
+logger = logging.getLogger(__name__)
+
+JOINT_MODES = ("aligned", "cross")
+# A rollout tree with more joint actions per item than this is almost surely a configuration mistake.
+TREE_WARN_SIZE = 4096
+
+
+@dataclass
+class GenerationOutput:
+    """What generating for one agent returns: one entry per row, rows ordered prompt-major (prompt p's G samples
+    are rows p*G .. p*G+G-1)."""
+
+    texts: list[str]
+    prompt_ids: list[torch.Tensor]  # unpadded prompt token ids per row
+    completion_ids: list[torch.Tensor]  # completion token ids per row, up to and including the first EOS
+
+
+# generate_fn(prompts_per_agent, num_generations) -> one GenerationOutput per agent
+GenerateFn = Callable[[list[list[PromptText]], int], list[GenerationOutput]]
+
+
+@dataclass
+class Sample:
+    """One agent's completion at one node."""
+
+    agent: int
+    node: int
+    index: int  # sample index k within the node (0..G-1)
+    prompt: str
+    completion: str
+    prompt_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    ret: float = 0.0  # this agent's return for the sample (after penalties)
+    advantage: float = 0.0
+    penalty: float = 0.0  # e.g. reference-KL penalty subtracted from this agent's reward
+
+
+@dataclass
+class Node:
+    """One node of a rollout tree: one item, one turn, G samples per agent, J joint actions."""
+
+    id: int
+    item: int  # index of the task item in the rollout batch
+    turn: int  # 0-based
+    parent: tuple[int, int] | None  # (parent node id, parent joint index)
+    prompts: list[str]  # per agent
+    prompt_history: list[list[str]]  # per agent, earlier turns' prompts on this branch
+    response_history: list[list[str]]  # per agent, earlier turns' completions on this branch
+    samples: list[list[int]] = field(default_factory=list)  # per agent, G sample ids
+    joint: list[tuple[int, ...]] = field(default_factory=list)  # per joint action, the sample index k per agent
+    rewards: torch.Tensor | None = None  # (J,) or (J, n) processed rewards
+    raw_rewards: torch.Tensor | None = None
+    children: dict[int, int] = field(default_factory=dict)  # joint index -> child node id
+    terminated: bool = False
+    returns: torch.Tensor | None = None  # (J, n) per-agent returns (discounted, penalties included)
+    undiscounted_returns: torch.Tensor | None = None  # (J,) mean over agents of the raw reward-to-go
+
+
+@dataclass
+class Rollout:
+    """A rollout over a batch of items: every node and sample, plus counters."""
+
+    items: list[dict]
+    nodes: list[Node]
+    samples: list[Sample]
+    num_agents: int
+    num_generations: int
+    joint_mode: str
+    env_steps: int = 0
+    reward_seconds: float = 0.0  # wall time spent inside the reward function
+
+    def nodes_of_items(self, items: Sequence[int]) -> list[Node]:
+        keep = set(items)
+        return [n for n in self.nodes if n.item in keep]
+
+    def samples_of_agent(self, agent: int, nodes: Sequence[Node] | None = None) -> list[Sample]:
+        nodes = self.nodes if nodes is None else nodes
+        return [self.samples[s] for n in nodes for s in n.samples[agent]]
+
+    def turn_metrics(self) -> dict[str, float]:
+        """`turn_k/reward_mean` and `turn_k/expected_return` (undiscounted reward-to-go), k counted from 1."""
+        out: dict[str, float] = {}
+        turns = sorted({n.turn for n in self.nodes})
+        for t in turns:
+            nodes = [n for n in self.nodes if n.turn == t]
+            rewards = torch.cat([_shared(n.rewards) for n in nodes])
+            out[f"turn_{t + 1}/reward_mean"] = rewards.mean().item()
+            out[f"turn_{t + 1}/reward_std"] = rewards.std(unbiased=False).item()
+            if all(n.undiscounted_returns is not None for n in nodes):
+                out[f"turn_{t + 1}/expected_return"] = torch.cat([n.undiscounted_returns for n in nodes]).mean().item()
+        return out
+
+    def records(self) -> list[dict]:
+        """One JSON-able record per joint action (for traces): prompts, completions and reward of every agent."""
+        recs = []
+        for n in self.nodes:
+            for j, ks in enumerate(n.joint):
+                samples = [self.samples[n.samples[i][k]] for i, k in enumerate(ks)]
+                rew = n.rewards[j]
+                recs.append(
+                    {
+                        "item": n.item,
+                        "node": n.id,
+                        "turn": n.turn + 1,
+                        "joint": j,
+                        "prompts": [s.prompt for s in samples],
+                        "completions": [s.completion for s in samples],
+                        "reward": rew.tolist(),
+                        "raw_reward": n.raw_rewards[j].tolist(),
+                        "returns": n.returns[j].tolist() if n.returns is not None else None,
+                        "advantages": [s.advantage for s in samples],
+                    }
+                )
+        return recs
+
+
+def _shared(rewards: torch.Tensor) -> torch.Tensor:
+    """(J,) team rewards from (J,) or per-agent (J, n) rewards (mean over agents)."""
+    return rewards if rewards.ndim == 1 else rewards.mean(dim=1)
+
+
+def tree_size(num_generations: int, num_agents: int, num_turns: int, joint_mode: str) -> int:
+    """Joint actions per item in a full tree: sum_{t=1..T} J^t with J = G (aligned) or G^n (cross)."""
+    J = num_generations if joint_mode == "aligned" else num_generations**num_agents
+    return sum(J**t for t in range(1, num_turns + 1))
+
+
+class JointRollout:
+    """Runs joint rollouts for a team (see the module docstring).
+
+    Args:
+        num_agents: n.
+        formatters: one callable per agent, `formatter(item) -> str | chat messages`.
+        render: `render(agent, formatted) -> PromptText` (applies the agent's chat template to messages).
+        reward: the wrapped joint reward.
+        num_generations: G samples per agent per node.
+        joint_mode: `"aligned"` or `"cross"`.
+        num_turns: T.
+        external_transition: called after each non-final turn per joint action, returns one prompt per agent.
+        external_prompt_passthrough: use the transition's prompts verbatim instead of formatting them.
+        early_termination_threshold: a node stops expanding when its mean processed reward exceeds this.
+    """
+
+    def __init__(
+        self,
+        num_agents: int,
+        formatters: Sequence[Callable],
+        render: Callable[[int, Any], PromptText],
+        reward: RewardFunction,
+        num_generations: int,
+        joint_mode: str = "aligned",
+        num_turns: int = 1,
+        external_transition: Callable | None = None,
+        external_prompt_passthrough: bool = False,
+        early_termination_threshold: float | None = None,
+    ):
+        if joint_mode not in JOINT_MODES:
+            raise ValueError(f"joint_mode must be one of {JOINT_MODES}, got {joint_mode!r}")
+        if num_turns > 1 and external_transition is None:
+            raise ValueError("num_turns > 1 needs an external_transition that builds the next turn's prompts")
+        self.num_agents = num_agents
+        self.formatters = list(formatters)
+        self.render = render
+        self.reward = reward
+        self.num_generations = num_generations
+        self.joint_mode = joint_mode
+        self.num_turns = num_turns
+        self.external_transition = external_transition
+        self.external_prompt_passthrough = external_prompt_passthrough
+        self.early_termination_threshold = early_termination_threshold
+        self._transition_kwargs = _accepted_kwargs(external_transition) if external_transition else set()
+        size = tree_size(num_generations, num_agents, num_turns, joint_mode)
+        if size > TREE_WARN_SIZE:
+            warnings.warn(
+                f"the rollout tree has up to {size} joint actions per task item (G={num_generations}, "
+                f"n={num_agents}, T={num_turns}, joint_mode={joint_mode!r}); that many reward calls and samples per "
+                "item is rarely intended — lower num_generations or num_turns, or use joint_mode='aligned'",
+                stacklevel=2,
+            )
+
+    # --- prompts ---
+    @staticmethod
+    def task_prompt(item: dict, agent_prompts: Sequence[str]) -> str:
+        """The prompt passed as `prompts` to rewards and as `prompt` to transitions."""
+        p = item.get("prompt") if isinstance(item, dict) else None
+        return p if isinstance(p, str) else agent_prompts[0]
+
+    def first_prompts(self, item: dict) -> list[PromptText]:
+        return [self.render(i, self.formatters[i](item)) for i in range(self.num_agents)]
+
+    def next_prompts(self, item: dict, node: Node, joint_texts: list[str]) -> list[PromptText]:
+        kwargs = {
+            "prompt": self.task_prompt(item, node.prompts),
+            "agent_completions": list(joint_texts),
+            "num_agents": self.num_agents,
+            "prompt_history_per_agent": [h + [p] for h, p in zip(node.prompt_history, node.prompts)],
+            "response_history_per_agent": [h + [c] for h, c in zip(node.response_history, joint_texts)],
+            "batch_item": item,
+            "turn": node.turn + 1,
+        }
+        accepted = self._transition_kwargs
+        if "*" not in accepted:
+            kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        out = self.external_transition(**kwargs)
+        if isinstance(out, str) or len(out) != self.num_agents:
+            raise ValueError(
+                f"external_transition must return a list of {self.num_agents} prompts (one per agent), got {out!r}"
+            )
+        prompts = []
+        for i, p in enumerate(out):
+            if self.external_prompt_passthrough:
+                prompts.append(self.render(i, p))
+            else:
+                prompts.append(self.render(i, self.formatters[i]({**item, "prompt": p})))
+        return prompts
+
+    # --- the rollout ---
+    def run(self, items: Sequence[dict], generate_fn: GenerateFn, num_generations: int | None = None) -> Rollout:
+        """Roll out `items`; `num_generations` overrides G (evaluation uses 1)."""
+        G = num_generations or self.num_generations
+        rollout = Rollout(list(items), [], [], self.num_agents, G, self.joint_mode)
+        frontier: list[Node] = []
+        for b, item in enumerate(rollout.items):
+            prompts = self.first_prompts(item)
+            node = Node(len(rollout.nodes), b, 0, None, list(prompts), [[] for _ in prompts], [[] for _ in prompts])
+            node._rendered = prompts  # type: ignore[attr-defined]
+            rollout.nodes.append(node)
+            frontier.append(node)
+        for turn in range(self.num_turns):
+            if not frontier:
+                break
+            self._expand_turn(rollout, frontier, generate_fn, G)
+            if turn == self.num_turns - 1:
+                break
+            nxt = []
+            for node in frontier:
+                if node.terminated:
+                    continue
+                item = rollout.items[node.item]
+                for j, ks in enumerate(node.joint):
+                    texts = [rollout.samples[node.samples[i][k]].completion for i, k in enumerate(ks)]
+                    prompts = self.next_prompts(item, node, texts)
+                    child = Node(
+                        len(rollout.nodes),
+                        node.item,
+                        turn + 1,
+                        (node.id, j),
+                        list(prompts),
+                        [h + [p] for h, p in zip(node.prompt_history, node.prompts)],
+                        [h + [c] for h, c in zip(node.response_history, texts)],
+                    )
+                    child._rendered = prompts  # type: ignore[attr-defined]
+                    node.children[j] = child.id
+                    rollout.nodes.append(child)
+                    nxt.append(child)
+            frontier = nxt
+        for node in rollout.nodes:
+            node.__dict__.pop("_rendered", None)
+        return rollout
+
+    def _expand_turn(self, rollout: Rollout, nodes: list[Node], generate_fn: GenerateFn, G: int) -> None:
+        n = self.num_agents
+        prompts_per_agent = [[node._rendered[i] for node in nodes] for i in range(n)]  # type: ignore[attr-defined]
+        outputs = generate_fn(prompts_per_agent, G)
+        for i, out in enumerate(outputs):
+            if len(out.texts) != len(nodes) * G:
+                raise RuntimeError(
+                    f"generation for agent {i + 1} returned {len(out.texts)} rows, expected {len(nodes) * G}"
+                )
+        # samples
+        for m, node in enumerate(nodes):
+            node.samples = []
+            for i in range(n):
+                ids = []
+                for k in range(G):
+                    r = m * G + k
+                    s = Sample(
+                        i,
+                        node.id,
+                        k,
+                        node.prompts[i],
+                        outputs[i].texts[r],
+                        outputs[i].prompt_ids[r],
+                        outputs[i].completion_ids[r],
+                    )
+                    ids.append(len(rollout.samples))
+                    rollout.samples.append(s)
+                node.samples.append(ids)
+            if self.joint_mode == "aligned":
+                node.joint = [tuple([k] * n) for k in range(G)]
+            else:
+                node.joint = list(itertools.product(range(G), repeat=n))
+        # ONE reward call for every joint action of this turn
+        comps: list[list[str]] = [[] for _ in range(n)]
+        task_prompts, batch_items, owners = [], [], []
+        for node in nodes:
+            item = rollout.items[node.item]
+            tp = self.task_prompt(item, node.prompts)
+            for ks in node.joint:
+                for i, k in enumerate(ks):
+                    comps[i].append(rollout.samples[node.samples[i][k]].completion)
+                task_prompts.append(tp)
+                batch_items.append(item)
+                owners.append(node)
+        t0 = time.perf_counter()
+        processed, raw = self.reward(comps, task_prompts, batch_items)
+        rollout.reward_seconds += time.perf_counter() - t0
+        rollout.env_steps += len(owners)
+        start = 0
+        for node in nodes:
+            J = len(node.joint)
+            node.rewards, node.raw_rewards = processed[start : start + J], raw[start : start + J]
+            start += J
+            thr = self.early_termination_threshold
+            node.terminated = thr is not None and _shared(node.rewards).mean().item() > thr
+
+
+def assign_returns(
+    rollout: Rollout,
+    discount: float = 1.0,
+    baseline: str | None = "mean",
+    normalize: bool = False,
+) -> None:
+    """Fill per-agent returns and advantages of every node and sample of `rollout` (in place).
+
+    Per agent i, the reward of joint action j is `r_ij = r_j - penalty_i(sample of i in j)` (`r_j` shared, or the
+    per-agent reward). Returns follow the tree, `R_ij = r_ij + discount * mean(R_i of child j)` (`tree_returns`).
+    A sample's return is `R_ij` of its joint action (aligned) or the mean over the joint actions that contain it
+    (cross, `cross_sample_returns`). Advantages are group-relative over the node's G samples
+    (`group_advantages(baseline, normalize)`); `baseline=None` leaves advantages at 0 (critic-based trainers).
+    The undiscounted team reward-to-go (for `turn_k/expected_return`) is computed alongside.
+    """
+    n, G = rollout.num_agents, rollout.num_generations
+    for node in sorted(rollout.nodes, key=lambda x: -x.turn):
+        J = len(node.joint)
+        rewards = node.rewards if node.rewards.ndim == 2 else node.rewards.unsqueeze(1).expand(J, n)
+        penalties = torch.tensor(
+            [[rollout.samples[node.samples[i][k]].penalty for i, k in enumerate(ks)] for ks in node.joint],
+            dtype=torch.float32,
+        )
+        children = [rollout.nodes[node.children[j]] if j in node.children else None for j in range(J)]
+        node.returns = tree_returns(rewards - penalties, [c.returns if c else None for c in children], discount)
+        node.undiscounted_returns = tree_returns(
+            _shared(node.rewards), [c.undiscounted_returns if c else None for c in children], 1.0
+        )
+        for i in range(n):
+            if rollout.joint_mode == "aligned":
+                per_sample = node.returns[:, i]
+            else:
+                per_sample = cross_sample_returns(node.returns[:, i].reshape((G,) * n), agent=i)
+            adv = (
+                group_advantages(per_sample, baseline, normalize)
+                if baseline is not None and G > 1 or baseline == "raw"
+                else torch.zeros_like(per_sample)
+            )
+            for k, sid in enumerate(node.samples[i]):
+                rollout.samples[sid].ret = per_sample[k].item()
+                rollout.samples[sid].advantage = adv[k].item()
+
+
+def _accepted_kwargs(func: Callable) -> set[str]:
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return {"*"}
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return {"*"}
+    return {p.name for p in params}

@@ -1,0 +1,158 @@
+"""What the recipes in `recipes/` share: their script arguments, building the team and task, and the run.
+
+A recipe is `accelerate launch recipes/<algo>.py [--flag value ...] [--config x.yaml]`. Every config field is a flag
+(and a YAML key) through TRL's `TrlParser`. With no model given, the run uses the project's tiny local model and the
+recipe's embedded defaults, tuned so that it finishes in a few minutes on a CPU and visibly learns.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RecipeArguments", "parse_recipe_args", "run_recipe", "explicit_flags", "TINY_DEFAULTS"]
+
+# Defaults for the no-argument run on the tiny local model (they are only applied to flags the user did not pass).
+TINY_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 3e-3,
+    "num_generations": 4,
+    "max_new_tokens": 16,
+    "rollout_buffer_size": 8,
+    "max_steps": 60,
+    "logging_steps": 10,
+    "eval_num_samples": 16,
+    "save_strategy": "no",
+    "report_to": "none",
+}
+
+
+@dataclass
+class RecipeArguments:
+    """Arguments of a recipe that are not trainer config fields.
+
+    Parameters:
+        task: built-in task (`trl_marl.tasks.TASKS`): `coordination`, `length_ratio`, `code`, `writing`, ...
+        model_name_or_path: Hub id or local path of the agents' model (a homogeneous team: loaded once per agent).
+            Empty: the project's tiny local model (built offline on first use).
+        agent_models: one model id / path per agent, for a heterogeneous team (overrides `model_name_or_path`).
+        dtype: weights dtype when loading (`auto`, `bfloat16`, `float16`, `float32`).
+        attn_implementation: attention implementation (`sdpa`, `eager`, `flash_attention_2`, ...).
+        tiny_seed: seed of the tiny local model when no model is given.
+    """
+
+    task: str = field(default="coordination", metadata={"help": "Built-in task name."})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Agents' model id or path; empty = the tiny local model."}
+    )
+    agent_models: list[str] | None = field(
+        default=None, metadata={"help": "One model id/path per agent (heterogeneous team)."}
+    )
+    dtype: str | None = field(default=None, metadata={"help": "Weights dtype: auto, bfloat16, float16, float32."})
+    attn_implementation: str | None = field(default=None, metadata={"help": "Attention implementation."})
+    tiny_seed: int = field(default=0, metadata={"help": "Seed of the tiny local model."})
+
+
+def parse_recipe_args(
+    config_cls: type,
+    defaults: dict[str, Any] | None = None,
+    argv: list[str] | None = None,
+    script_args_cls: type = RecipeArguments,
+):
+    """Parse `(script arguments, config)` from the command line / `--config` YAML.
+
+    `defaults` (always) and `TINY_DEFAULTS` (when no model is given) fill only the fields the user did not set on
+    the command line or in the YAML file.
+    """
+    from trl import TrlParser
+
+    parser = TrlParser((script_args_cls, config_cls))
+    recipe_args, config = parser.parse_args_and_config(args=argv)
+    merged = dict(defaults or {})
+    if recipe_args.model_name_or_path is None and recipe_args.agent_models is None:
+        merged = {**TINY_DEFAULTS, **merged}
+    explicit = explicit_flags(argv)
+    overrides = {k: v for k, v in merged.items() if k not in explicit}
+    if overrides:
+        parser = TrlParser((script_args_cls, config_cls))
+        parser.set_defaults(**overrides)
+        recipe_args, config = parser.parse_args_and_config(args=argv)
+    return recipe_args, config
+
+
+def explicit_flags(argv: list[str] | None = None) -> set[str]:
+    """Names of the config fields the user set, on the command line or in the `--config` YAML file."""
+    import sys
+
+    import yaml
+
+    argv = sys.argv[1:] if argv is None else argv
+    names = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    if "config" in names:
+        path = (
+            argv[argv.index("--config") + 1]
+            if "--config" in argv
+            else next(a.split("=", 1)[1] for a in argv if a.startswith("--config="))
+        )
+        with open(path) as f:
+            names |= set((yaml.safe_load(f) or {}).keys())
+    return names
+
+
+def run_recipe(
+    trainer_cls: type,
+    recipe_args: RecipeArguments,
+    config: Any,
+    extra_trainer_kwargs: Callable[[Any], dict] | None = None,
+) -> Any:
+    """Build the task and the team, print the eval reward, train, print it again, save (and push)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from .tasks import load_task
+
+    task = load_task(recipe_args.task)
+    if task.num_agents != config.num_agents:
+        config.num_agents = task.num_agents
+    model_config = {
+        k: v
+        for k, v in {"dtype": recipe_args.dtype, "attn_implementation": recipe_args.attn_implementation}.items()
+        if v
+    }
+    team: dict[str, Any]
+    if recipe_args.agent_models:
+        team = {"agents": list(recipe_args.agent_models)}
+    elif recipe_args.model_name_or_path:
+        team = {"agent_model": recipe_args.model_name_or_path}
+    else:
+        from .testing import tiny_model_path
+
+        team = {"agent_model": tiny_model_path(seed=recipe_args.tiny_seed)}
+    kwargs = dict(
+        reward_func=task.reward_func,
+        formatters=task.formatters,
+        external_transition=task.external_transition,
+        metrics_callback=task.metrics_callback,
+        train_dataset=task.train_dataset,
+        eval_dataset=task.eval_dataset,
+        model_config=model_config or None,
+        args=config,
+        **team,
+    )
+    if extra_trainer_kwargs is not None:
+        kwargs.update(extra_trainer_kwargs(task))
+    trainer = trainer_cls(**kwargs)
+    main = trainer.accelerator.is_main_process
+    before = trainer.evaluate_reward()["eval_reward"] if task.eval_dataset is not None else None
+    if main and before is not None:
+        print(f"[trl_marl] task={task.name} eval reward before training: {before:.4f}")
+    trainer.train()
+    after = trainer.evaluate_reward()["eval_reward"] if task.eval_dataset is not None else None
+    if main and after is not None:
+        print(f"[trl_marl] task={task.name} eval reward after training:  {after:.4f} (before: {before:.4f})")
+    trainer.save_model(config.output_dir)
+    if main:
+        print(f"[trl_marl] saved {config.num_agents} agents to {config.output_dir}")
+    if config.push_to_hub:
+        trainer.push_to_hub(dataset_name=task.name)
+    trainer.before_reward, trainer.after_reward = before, after
+    return trainer

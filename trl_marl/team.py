@@ -1,0 +1,311 @@
+"""The team: load, own and run the agents, their tokenizers and formatters.
+
+`TeamModel` is ONE `nn.Module` holding every agent, so a single accelerate / DeepSpeed engine wraps the whole team
+(accelerate cannot hold several DeepSpeed engines in one process) and one optimizer holds a parameter group per agent.
+Its `forward` scores a batch of completions for every agent in one call: one masked forward pass per agent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+
+from .algorithms.logprobs import completion_mask, token_logprobs
+
+__all__ = [
+    "TeamConfig",
+    "TeamModel",
+    "AgentBatch",
+    "PromptText",
+    "collate_agent_batch",
+    "load_agents",
+    "load_tokenizers",
+    "resolve_formatters",
+    "render_prompt",
+    "MODEL_CONFIG_KEYS",
+    "loading_kwargs",
+    "eos_token_ids",
+]
+
+# Loading options accepted in `model_config` (the reference library's names; TRL's ModelConfig is converted).
+MODEL_CONFIG_KEYS = ("dtype", "torch_dtype", "attn_implementation", "trust_remote_code", "revision", "model_kwargs")
+
+
+class TeamConfig(PretrainedConfig):
+    """Config of the team wrapper, so that Trainer machinery (telemetry, model cards, logging) sees a `config`."""
+
+    model_type = "trl_marl_team"
+
+    def __init__(self, num_agents: int = 1, agent_names: list[str] | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_agents = num_agents
+        self.agent_names = agent_names or []
+
+
+class TeamModel(nn.Module):
+    """All agents of a team in one module (`self.agents[i]` is agent i+1's causal LM)."""
+
+    def __init__(self, agents: Sequence[PreTrainedModel], agent_names: Sequence[str] | None = None):
+        super().__init__()
+        self.agents = nn.ModuleList(agents)
+        names = list(agent_names) if agent_names else [_name_or_path(a) for a in agents]
+        self.config = TeamConfig(num_agents=len(agents), agent_names=names)
+        self.config._name_or_path = names[0] if len(set(names)) == 1 else ""
+        # Trainer checks this attribute when deciding whether to pass `num_items_in_batch`.
+        self.accepts_loss_kwargs = False
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+    # --- what Trainer / TRL helpers look for on a model ---
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return any(getattr(a, "is_gradient_checkpointing", False) for a in self.agents)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        for a in self.agents:
+            a.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        for a in self.agents:
+            a.gradient_checkpointing_disable()
+
+    def enable_input_require_grads(self) -> None:
+        for a in self.agents:
+            a.enable_input_require_grads()
+
+    def forward(self, agent_batches: Sequence[AgentBatch | None]) -> list[torch.Tensor | None]:
+        """Per-token log-probabilities of each agent's completions.
+
+        `agent_batches[i]` is agent i's batch (or None to skip it). Returns, per agent, a `(B_i, C_i)` tensor of
+        completion-token log-probs (multiply by `batch.completion_mask` and sum for sequence log-probs).
+        One forward pass per agent, for the whole batch.
+        """
+        if len(agent_batches) != len(self.agents):
+            raise ValueError(f"expected {len(self.agents)} agent batches, got {len(agent_batches)}")
+        return [
+            None if batch is None else agent_token_logprobs(agent, batch)
+            for agent, batch in zip(self.agents, agent_batches)
+        ]
+
+
+@dataclass
+class AgentBatch:
+    """One agent's batch of prompt + completion sequences, laid out for a single masked forward pass.
+
+    `input_ids = [left-padded prompt | right-padded completion]`; `completion_mask` marks the scored completion
+    tokens (up to and including the first EOS).
+    """
+
+    input_ids: torch.Tensor  # (B, P + C)
+    attention_mask: torch.Tensor  # (B, P + C)
+    completion_ids: torch.Tensor  # (B, C)
+    completion_mask: torch.Tensor  # (B, C)
+
+    def to(self, device: torch.device | str) -> AgentBatch:
+        return AgentBatch(
+            *(t.to(device) for t in (self.input_ids, self.attention_mask, self.completion_ids, self.completion_mask))
+        )
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return self.completion_ids.shape[1]
+
+
+def collate_agent_batch(
+    prompt_ids: Sequence[torch.Tensor], completion_ids: Sequence[torch.Tensor], pad_token_id: int
+) -> AgentBatch:
+    """Build an `AgentBatch` from unpadded prompt and completion token ids (completions include their EOS)."""
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError("prompt_ids and completion_ids must have the same length")
+    B = len(prompt_ids)
+    P = max(int(p.numel()) for p in prompt_ids)
+    C = max(max(int(c.numel()) for c in completion_ids), 1)
+    input_ids = torch.full((B, P + C), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((B, P + C), dtype=torch.long)
+    comp = torch.full((B, C), pad_token_id, dtype=torch.long)
+    cmask = torch.zeros((B, C), dtype=torch.long)
+    for r, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        lp, lc = int(p.numel()), int(c.numel())
+        input_ids[r, P - lp : P] = p
+        attention[r, P - lp : P] = 1
+        input_ids[r, P : P + lc] = c
+        attention[r, P : P + lc] = 1
+        comp[r, :lc] = c
+        cmask[r, :lc] = 1
+    return AgentBatch(input_ids, attention, comp, cmask)
+
+
+def agent_token_logprobs(model: nn.Module, batch: AgentBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Completion-token log-probs `(B, C)` from one forward pass over `[prompt | completion]`.
+
+    Position ids follow the attention mask (as `generate` computes them for left-padded prompts), so the scores
+    match what the policy sampled. Only the last `C + 1` positions' logits are materialised (`logits_to_keep`).
+    """
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    C = batch.num_completion_tokens
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=C + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :]  # prediction for each completion token
+    return token_logprobs(
+        logits.float() if logits.dtype != torch.float32 else logits, batch.completion_ids, temperature
+    )
+
+
+class PromptText(str):
+    """A prompt string that remembers whether a chat template produced it (then no special tokens are added)."""
+
+    chat: bool = False
+
+
+def render_prompt(formatted: Any, tokenizer) -> PromptText:
+    """Turn a formatter's output into prompt text: a string as is, or chat messages through the chat template."""
+    if isinstance(formatted, str):
+        return PromptText(formatted)
+    if isinstance(formatted, (list, tuple)) and all(isinstance(m, dict) for m in formatted):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                "a formatter returned chat messages but the agent's tokenizer has no chat_template; return a string "
+                "or use a tokenizer with a chat template"
+            )
+        text = PromptText(tokenizer.apply_chat_template(list(formatted), tokenize=False, add_generation_prompt=True))
+        text.chat = True
+        return text
+    raise TypeError(f"a formatter must return a string or a list of chat messages, got {type(formatted).__name__}")
+
+
+def default_formatter(item: dict) -> str:
+    """The default formatter: the item's `"prompt"` field."""
+    if "prompt" not in item:
+        raise KeyError(
+            f"the default formatter reads item['prompt'], but the item has only {sorted(item)}; pass formatters="
+        )
+    return item["prompt"]
+
+
+def resolve_formatters(formatters: Callable | Sequence[Callable] | None, num_agents: int) -> list[Callable]:
+    """One formatter for all agents, or a per-agent list whose length must be `num_agents`."""
+    if formatters is None:
+        return [default_formatter] * num_agents
+    if callable(formatters):
+        return [formatters] * num_agents
+    formatters = list(formatters)
+    if len(formatters) != num_agents:
+        raise ValueError(
+            f"formatters has {len(formatters)} entries but num_agents is {num_agents}; pass one callable "
+            f"for all agents or exactly {num_agents}"
+        )
+    for i, f in enumerate(formatters):
+        if not callable(f):
+            raise TypeError(f"formatters[{i}] is not callable ({type(f).__name__})")
+    return formatters
+
+
+def loading_kwargs(model_config: Any | None) -> dict:
+    """`from_pretrained` keyword arguments from `model_config` (a dict or TRL's `ModelConfig`)."""
+    if model_config is None:
+        return {}
+    if not isinstance(model_config, dict):  # trl.ModelConfig
+        cfg = {
+            "dtype": getattr(model_config, "dtype", None),
+            "attn_implementation": getattr(model_config, "attn_implementation", None),
+            "trust_remote_code": getattr(model_config, "trust_remote_code", False),
+            "revision": getattr(model_config, "model_revision", None),
+        }
+        model_config = {k: v for k, v in cfg.items() if v not in (None, False)}
+    unknown = sorted(set(model_config) - set(MODEL_CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"model_config has unknown keys {unknown}; allowed keys are {list(MODEL_CONFIG_KEYS)}")
+    kwargs = dict(model_config.get("model_kwargs") or {})
+    dtype = model_config.get("dtype", model_config.get("torch_dtype"))
+    if dtype is not None and dtype != "auto":
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    for key in ("attn_implementation", "trust_remote_code", "revision"):
+        if model_config.get(key) is not None:
+            kwargs[key] = model_config[key]
+    return kwargs
+
+
+def _name_or_path(model: Any) -> str:
+    if isinstance(model, str):
+        return model
+    return getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+
+
+def load_agents(
+    agent_model: str | None, agents: Sequence[Any] | None, num_agents: int, model_config: Any | None = None
+) -> tuple[list[PreTrainedModel], list[str]]:
+    """Load the team: `agent_model` (one id -> `num_agents` independent copies) or `agents` (ids or model objects).
+
+    Each id is loaded separately, so homogeneous agents never share parameters.
+    """
+    kwargs = loading_kwargs(model_config)
+    sources = [agent_model] * num_agents if agents is None else list(agents)
+    models, names = [], []
+    for src in sources:
+        if isinstance(src, (str, os.PathLike)):
+            models.append(AutoModelForCausalLM.from_pretrained(str(src), **kwargs))
+            names.append(str(src))
+        elif isinstance(src, nn.Module):
+            models.append(src)
+            names.append(_name_or_path(src))
+        else:
+            raise TypeError(f"an agent must be a model id / path or a model object, got {type(src).__name__}")
+    if len({id(m) for m in models}) != len(models):
+        raise ValueError(
+            "the same model object appears twice in agents; pass distinct objects or ids (agents never "
+            "share parameters)"
+        )
+    return models, names
+
+
+def load_tokenizers(tokenizer: Any, names: Sequence[str], num_agents: int, sources: Sequence[Any]) -> list:
+    """One tokenizer per agent: the shared one, the per-agent list, or each agent's own (loaded from its id)."""
+    if tokenizer is None:
+        toks, cache = [], {}
+        for name, src in zip(names, sources):
+            if not isinstance(src, (str, os.PathLike)):
+                raise ValueError("tokenizer is required when agents are given as model objects")
+            if name not in cache:
+                cache[name] = AutoTokenizer.from_pretrained(name)
+            toks.append(cache[name])
+    elif isinstance(tokenizer, (list, tuple)):
+        if len(tokenizer) != num_agents:
+            raise ValueError(f"tokenizer list has {len(tokenizer)} entries but num_agents is {num_agents}")
+        toks = list(tokenizer)
+    else:
+        toks = [tokenizer] * num_agents
+    for t in toks:
+        if t.pad_token_id is None:
+            t.pad_token = t.eos_token
+    return toks
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer) -> list[int]:
+    """Every token id that ends a completion: the generation config's EOS ids and the tokenizer's EOS."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if source is None:
+            continue
+        ids.update([source] if isinstance(source, int) else list(source))
+    return sorted(ids)
+
+
+__all__ += ["completion_mask", "agent_token_logprobs", "default_formatter"]

@@ -1,0 +1,724 @@
+"""`MultiAgentTrainer`: the TRL/transformers Trainer subclass every multi-agent trainer shares.
+
+A trainer is (a) a rollout that turns task items into per-agent experience (`trl_marl.rollout`), (b) an algorithm
+that turns experience into per-agent losses (`trl_marl.algorithms`), (c) the Trainer machinery that turns losses into
+optimizer steps, checkpoints, logs and Hub pushes (inherited from TRL's `_BaseTrainer` / `transformers.Trainer`).
+
+This class owns (c) and the plumbing of (a): the team as ONE module (so accelerate and DeepSpeed see one model), one
+optimizer with a parameter group per agent, batched generation, evaluation with the task reward, per-agent metrics,
+traces and saving one `save_pretrained` folder per agent. Subclasses implement `_rollout_step` (experience for a
+batch of items) and `compute_loss`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from torch.utils.data import DataLoader, Sampler
+from transformers import GenerationConfig, PreTrainedModel
+from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.base_trainer import _BaseTrainer
+from trl.trainer.utils import disable_dropout_in_model
+
+from ..algorithms.logprobs import completion_mask
+from ..algorithms.losses import k3_kl
+from ..rewards import RewardFunction
+from ..rollout import GenerationOutput, JointRollout, Rollout
+from ..team import (
+    AgentBatch,
+    PromptText,
+    TeamModel,
+    collate_agent_batch,
+    eos_token_ids,
+    load_agents,
+    load_tokenizers,
+    render_prompt,
+    resolve_formatters,
+)
+from .config import MultiAgentConfig
+
+__all__ = ["MultiAgentTrainer", "RolloutSampler"]
+
+logger = logging.getLogger(__name__)
+
+TEAM_FILE = "team.json"
+
+
+class RolloutSampler(Sampler[int]):
+    """Index sampler that yields rollout batches, each repeated `repeat` times (once per training step taken on it).
+
+    Like TRL's `RepeatSampler`: `global_batch` consecutive indices form one rollout batch across all processes
+    (accelerate hands each process its `global_batch / num_processes` share); the same indices are yielded `repeat`
+    times so every process sees its rollout batch on each of the steps taken on it. Incomplete trailing batches are
+    dropped; the order is reshuffled each epoch with a seed shared by every process.
+    """
+
+    def __init__(self, num_items: int, global_batch: int, repeat: int, shuffle: bool = True, seed: int = 0):
+        self.num_items, self.global_batch, self.repeat = num_items, global_batch, repeat
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_items, generator=g).tolist()
+        else:
+            order = list(range(self.num_items))
+        self.epoch += 1
+        for start in range(0, self.num_items - self.global_batch + 1, self.global_batch):
+            chunk = order[start : start + self.global_batch]
+            for _ in range(self.repeat):
+                yield from chunk
+
+    def __len__(self) -> int:
+        return (self.num_items // self.global_batch) * self.global_batch * self.repeat
+
+
+def _identity_collate(batch: list) -> list:
+    return batch
+
+
+class MultiAgentTrainer(_BaseTrainer):
+    """Base trainer of a team of cooperating LLM agents.
+
+    Args:
+        agent_model: one model id / path, loaded `args.num_agents` times as independent copies (homogeneous team).
+            A model object is accepted only when `num_agents == 1`.
+        agents: a list of model ids / paths or model objects, one per agent (heterogeneous teams allowed).
+        reward_func: the joint reward (see `trl_marl.rewards` for the calling convention).
+        args: the trainer's config.
+        train_dataset: task items (`datasets.Dataset` or a list of dicts).
+        eval_dataset: held-out task items for evaluation with the task reward.
+        tokenizer: one tokenizer for all agents, or one per agent; loaded from the agents' ids when omitted.
+        formatters: one callable for all agents, or one per agent, `formatter(item) -> str | chat messages`;
+            default: `item["prompt"]`.
+        reward_processor: optional `float -> float` applied to every reward (`trl_marl.rewards.scale`, `shift`, ...).
+        external_transition: multi-turn transition, required when `num_turns > 1`.
+        model_config: loading options for ids: `dtype`, `attn_implementation`, `trust_remote_code`, `revision`,
+            `model_kwargs` (a dict), or a TRL `ModelConfig`.
+        metrics_callback: `callable(rollout_records) -> dict[str, float]` of domain metrics, called on every
+            training rollout and evaluation.
+        wandb_config: the reference library's W&B settings (`project`, `entity`, `name`, `tags`, `dir`, `id`,
+            `resume`); sets the `WANDB_*` environment and adds `"wandb"` to `report_to`.
+        callbacks, optimizers: as in `transformers.Trainer`.
+    """
+
+    _tag_names = ["trl", "trl_marl", "multi-agent"]
+    _name = "MultiAgent"
+    loss_is_scaled_for_ga = False  # compute_loss returns a per-step mean; Trainer divides by accumulation steps
+    config_class = MultiAgentConfig  # built when args is None
+    args_class: type | None = None  # what args must be an instance of (default: config_class)
+    supports_per_agent_rewards = False
+    # The group baseline of assign_returns; None for critic-based trainers.
+    baseline: str | None = "mean"
+
+    def __init__(
+        self,
+        agent_model: str | PreTrainedModel | None = None,
+        agents: Sequence[str | PreTrainedModel] | None = None,
+        reward_func: Callable[..., Any] | None = None,
+        args: MultiAgentConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        tokenizer: Any = None,
+        formatters: Callable | Sequence[Callable] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        external_transition: Callable[..., Any] | None = None,
+        model_config: Any = None,
+        metrics_callback: Callable[[list[dict]], dict] | None = None,
+        wandb_config: dict | None = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+    ):
+        if args is None:
+            args = self.config_class(output_dir=f"{self._name.lower()}-output")
+        elif not isinstance(args, self.args_class or self.config_class):
+            expected = (self.args_class or self.config_class).__name__
+            raise TypeError(f"args must be a {expected}, got {type(args).__name__}")
+        n = args.num_agents
+
+        # ---- validation, before any model loads ----
+        if agent_model is None and agents is None:
+            raise ValueError("pass agent_model (one id for a homogeneous team) or agents (one model or id per agent)")
+        if agent_model is not None and agents is not None:
+            raise ValueError("pass either agent_model or agents, not both")
+        if agent_model is not None and not isinstance(agent_model, (str, os.PathLike)) and n > 1:
+            raise ValueError(
+                f"agent_model is a model object but num_agents={n}: one object cannot be {n} independent agents; "
+                "pass a model id / path (loaded once per agent) or agents=[...] with one object per agent"
+            )
+        if agents is not None:
+            agents = list(agents)
+            if len(agents) != n:
+                raise ValueError(f"agents has {len(agents)} entries but num_agents is {n}")
+        if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != n:
+            raise ValueError(f"tokenizer list has {len(tokenizer)} entries but num_agents is {n}")
+        self.formatters = resolve_formatters(formatters, n)
+        if args.num_turns > 1 and external_transition is None:
+            raise ValueError(
+                f"num_turns={args.num_turns} needs an external_transition (it builds each next turn's prompts)"
+            )
+        if reward_func is None:
+            raise ValueError("reward_func is required: it scores the joint response of the agents")
+        reward = RewardFunction(reward_func, n, reward_processor, allow_per_agent=self.supports_per_agent_rewards)
+        if train_dataset is None or len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty: pass a datasets.Dataset (or list of dicts) of task items")
+        if eval_dataset is not None and len(eval_dataset) == 0:
+            raise ValueError("eval_dataset is empty; pass None to disable evaluation")
+        if args.parallel_training == "mp" and args.agent_devices and len(args.agent_devices) not in (1, n):
+            raise ValueError(f"agent_devices has {len(args.agent_devices)} entries; give 1 or num_agents={n}")
+        self._check_config(args)
+        if wandb_config:
+            _apply_wandb_config(args, wandb_config)
+
+        # ---- the team ----
+        sources = [agent_model] * n if agents is None else agents
+        models, names = load_agents(agent_model if agents is None else None, agents, n, model_config)
+        self.tokenizers = load_tokenizers(tokenizer, names, n, sources)
+        if args.disable_dropout:
+            for m in models:
+                disable_dropout_in_model(m)
+        team = self._build_team(models, names, args)
+        if args.parallel_training == "mp":
+            devices = args.agent_devices * n if len(args.agent_devices) == 1 else args.agent_devices
+            for agent, dev in zip(team.agents, devices):
+                agent.to(dev)
+            team.hf_device_map = {f"agents.{i}": d for i, d in enumerate(devices)}
+        self.agent_names = names
+        self.eos_ids = [eos_token_ids(m, t) for m, t in zip(models, self.tokenizers)]
+        self.reward = reward
+        self.metrics_callback = metrics_callback
+        self.external_transition = external_transition
+
+        super().__init__(
+            model=team,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=None,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+
+        self.rollout_engine = JointRollout(
+            num_agents=n,
+            formatters=self.formatters,
+            render=lambda i, formatted: render_prompt(formatted, self.tokenizers[i]),
+            reward=reward,
+            num_generations=args.num_generations,
+            joint_mode=args.joint_mode,
+            num_turns=args.num_turns,
+            external_transition=external_transition,
+            external_prompt_passthrough=args.external_prompt_passthrough,
+            early_termination_threshold=args.early_termination_threshold,
+        )
+        self.reference_models = self._build_references() if args.reference_kl_enabled else None
+        self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._buffered: list | None = None
+        self._step = 0
+        self.env_step = 0  # joint-action reward evaluations on this process
+        self._last_eval_reward: float | None = None
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def _check_config(self, args: MultiAgentConfig) -> None:
+        """Trainer-specific checks of `args` (raise ValueError naming the field)."""
+
+    def _build_team(self, models: list[PreTrainedModel], names: list[str], args: MultiAgentConfig) -> TeamModel:
+        return TeamModel(models, names)
+
+    # ------------------------------------------------------------------ the team
+    @property
+    def team(self) -> TeamModel:
+        """The unwrapped team module."""
+        return self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
+
+    @property
+    def num_agents(self) -> int:
+        return self.args.num_agents
+
+    def agent_device(self, i: int) -> torch.device:
+        return next(self.team.agents[i].parameters()).device
+
+    def _agent_learning_rate(self, i: int) -> float:
+        lr = self.args.agent_learning_rate
+        return self.args.learning_rate if lr is None else lr
+
+    def _build_references(self) -> list[torch.nn.Module]:
+        """Frozen copies of each agent's initial weights, for the reference-KL penalty."""
+        devs = self.args.reference_devices
+        refs = []
+        for i, agent in enumerate(self.team.agents):
+            ref = copy.deepcopy(agent).eval()
+            for p in ref.parameters():
+                p.requires_grad_(False)
+            if self.is_deepspeed_enabled:
+                from trl.models.utils import prepare_deepspeed
+
+                ref = prepare_deepspeed(ref, self.accelerator)
+            else:
+                dev = devs[0 if len(devs) == 1 else i] if devs else self.agent_device(i)
+                ref.to(dev)
+            refs.append(ref)
+        return refs
+
+    # ------------------------------------------------------------------ optimizer
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        """One optimizer, one parameter group per agent (decay / no-decay split), plus `_extra_param_groups()`."""
+        if self.optimizer is not None:
+            return self.optimizer
+        team = self.model if model is None else model
+        team = self.accelerator.unwrap_model(team)
+        decay = set(self.get_decay_parameter_names(team))
+        groups: list[dict] = []
+        for i, agent in enumerate(team.agents):
+            named = [(f"agents.{i}.{k}", p) for k, p in agent.named_parameters() if p.requires_grad]
+            groups += _decay_groups(
+                named, decay, self.args.weight_decay, self._agent_learning_rate(i), f"agent_{i + 1}"
+            )
+        groups += self._extra_param_groups(team, decay)
+        groups = [g for g in groups if g["params"]]
+        if self.optimizer_cls_and_kwargs is not None:
+            cls, kwargs = self.optimizer_cls_and_kwargs
+        else:
+            cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, team)
+        self.optimizer = cls(groups, **kwargs)
+        return self.optimizer
+
+    def _extra_param_groups(self, team: torch.nn.Module, decay: set[str]) -> list[dict]:
+        """Parameter groups beyond the agents' (critics, value heads); none here."""
+        return []
+
+    # ------------------------------------------------------------------ data
+    def get_train_dataloader(self) -> DataLoader:
+        n_proc = self.accelerator.num_processes
+        global_batch = self.args.rollout_buffer_size * n_proc
+        if len(self.train_dataset) < global_batch:
+            raise ValueError(
+                f"train_dataset has {len(self.train_dataset)} items, fewer than one rollout batch "
+                f"(rollout_buffer_size={self.args.rollout_buffer_size} x {n_proc} processes)"
+            )
+        sampler = RolloutSampler(
+            len(self.train_dataset), global_batch, self.args.steps_per_rollout, True, self.args.seed
+        )
+        loader = DataLoader(
+            self.train_dataset,
+            batch_size=self.args.rollout_buffer_size,
+            sampler=sampler,
+            collate_fn=_identity_collate,
+            num_workers=0,
+        )
+        return self.accelerator.prepare(loader)
+
+    # ------------------------------------------------------------------ generation
+    def _generation_config(self, i: int, num_return_sequences: int = 1) -> GenerationConfig:
+        tok = self.tokenizers[i]
+        return GenerationConfig(
+            num_return_sequences=num_return_sequences,
+            do_sample=True,
+            max_new_tokens=self.args.max_new_tokens,
+            temperature=self.args.temperature,
+            top_p=self.args.top_p,
+            top_k=self.args.top_k or 0,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=self.eos_ids[i],
+            use_cache=True,
+        )
+
+    def generate(self, prompts_per_agent: list[list[PromptText]], num_generations: int) -> list[GenerationOutput]:
+        """Sample `num_generations` completions per prompt for every agent: ONE `generate` call per agent covering
+        all its prompts (prompt-major rows). Under ZeRO-3 the parameters are gathered once for the whole team."""
+        with (
+            torch.no_grad(),
+            unwrap_model_for_generation(self.model_wrapped, self.accelerator) as team,
+        ):
+            # eval mode: transformers' generation is ~25% faster on small models than in train mode, and sampling
+            # must not depend on the train/eval state anyway (dropout is disabled)
+            was_training = team.training
+            team.eval()
+            try:
+                return [
+                    self._generate_agent(team.agents[i], i, prompts, num_generations)
+                    for i, prompts in enumerate(prompts_per_agent)
+                ]
+            finally:
+                team.train(was_training)
+
+    def _generate_agent(self, agent, i: int, prompts: list[PromptText], G: int) -> GenerationOutput:
+        tok = self.tokenizers[i]
+        chat = bool(prompts) and getattr(prompts[0], "chat", False)
+        enc = tok(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=not chat)
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        if self.args.max_prompt_length is not None and ids.shape[1] > self.args.max_prompt_length:
+            ids, mask = ids[:, -self.args.max_prompt_length :], mask[:, -self.args.max_prompt_length :]
+        device = next(agent.parameters()).device
+        out = agent.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            generation_config=self._generation_config(i, G),
+        )
+        completions = out[:, ids.shape[1] :].cpu()
+        cmask = completion_mask(completions, self.eos_ids[i])
+        lengths = cmask.sum(dim=1).tolist()
+        comp_ids = [completions[r, : lengths[r]] for r in range(completions.shape[0])]
+        prompt_rows = [ids[p][mask[p].bool()] for p in range(ids.shape[0])]
+        texts = tok.batch_decode([c.tolist() for c in comp_ids], skip_special_tokens=True)
+        return GenerationOutput(texts, [prompt_rows[r // G] for r in range(len(comp_ids))], comp_ids)
+
+    # ------------------------------------------------------------------ scoring
+    def agent_batch(self, i: int, samples: Sequence) -> AgentBatch:
+        return collate_agent_batch(
+            [s.prompt_ids for s in samples], [s.completion_ids for s in samples], self.tokenizers[i].pad_token_id
+        )
+
+    @torch.no_grad()
+    def _reference_penalties(self, rollout: Rollout) -> None:
+        """Set `sample.penalty = reference_kl_coef * KL_k3(sample)` for every sample (one batched pass per agent)."""
+        coef = self.args.reference_kl_coef
+        team = self.team
+        for i in range(self.num_agents):
+            samples = rollout.samples_of_agent(i)
+            if not samples:
+                continue
+            batch = self.agent_batch(i, samples)
+            from ..team import agent_token_logprobs
+
+            logp = agent_token_logprobs(team.agents[i], batch)
+            ref_logp = agent_token_logprobs(self.reference_models[i], batch).to(logp.device)
+            kl = k3_kl(logp, ref_logp, batch.completion_mask.to(logp.device)).cpu()
+            for s, v in zip(samples, kl.tolist()):
+                s.penalty = coef * v
+            self._metrics["train"][f"agent_{i + 1}/kl"].append(kl.mean().item())
+
+    # ------------------------------------------------------------------ training loop plumbing
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        t0 = time.perf_counter()
+        self._rollout_seconds = 0.0
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._step += 1
+        self._timings["update"] += time.perf_counter() - t0 - self._rollout_seconds
+        if self._step % self.args.gradient_accumulation_steps == 0 and self._will_log():
+            self._record_grad_norms()
+        return loss
+
+    def _prepare_inputs(self, items: list[dict]) -> dict:
+        """Roll out a new batch every `steps_per_rollout` steps; return the slice of the buffer for this step."""
+        if not isinstance(items, list):  # evaluation goes through `evaluate`, never here
+            return items
+        K = self.args.steps_per_rollout
+        if self._step % K == 0 or self._buffered is None:
+            self._buffered = self._rollout_step(items)
+        return self._buffered[self._step % K]
+
+    @property
+    def _timings(self) -> dict[str, float]:
+        if not hasattr(self, "_timing_acc"):
+            self._timing_acc = defaultdict(float)
+        return self._timing_acc
+
+    def _rollout_step(self, items: list[dict]) -> list[dict]:
+        """Roll out `items`, compute returns and advantages, split into `steps_per_rollout` training inputs."""
+        t0 = time.perf_counter()
+        rollout = self.rollout_engine.run(items, self.generate)
+        t1 = time.perf_counter()
+        if self.reference_models is not None:
+            self._reference_penalties(rollout)
+        self._assign_returns(rollout)
+        self.env_step += rollout.env_steps
+        self._record_rollout_metrics(rollout, "train")
+        t2 = time.perf_counter()
+        self._timings["generation"] += t1 - t0 - rollout.reward_seconds
+        self._timings["reward"] += rollout.reward_seconds
+        self._timings["scoring"] += t2 - t1
+        self._rollout_seconds = getattr(self, "_rollout_seconds", 0.0) + (t2 - t0)
+        if self.args.trace_dir:
+            self._write_trace(rollout)
+        K = self.args.steps_per_rollout
+        per = len(items) // K
+        return [{"rollout": rollout, "items": list(range(k * per, (k + 1) * per))} for k in range(K)]
+
+    def _assign_returns(self, rollout: Rollout) -> None:
+        from ..rollout import assign_returns
+
+        assign_returns(rollout, self.args.discount, self.baseline, self._normalize_advantages())
+
+    def _normalize_advantages(self) -> bool:
+        return bool(getattr(self.args, "advantage_normalization", False))
+
+    # ------------------------------------------------------------------ metrics
+    def _record_rollout_metrics(self, rollout: Rollout, mode: str) -> None:
+        m = self._metrics[mode]
+        for k, v in rollout.turn_metrics().items():
+            m[k].append(v)
+        for i in range(self.num_agents):
+            samples = rollout.samples_of_agent(i)
+            if not samples:
+                continue
+            lengths = torch.tensor([float(s.completion_ids.numel()) for s in samples])
+            rets = torch.tensor([s.ret for s in samples])
+            m[f"agent_{i + 1}/completion_length"].append(lengths.mean().item())
+            if mode == "train":
+                m[f"agent_{i + 1}/return_mean"].append(rets.mean().item())
+                m[f"agent_{i + 1}/return_std"].append(rets.std(unbiased=False).item())
+                eos_rate = sum(
+                    1 for s in samples if s.completion_ids.numel() and int(s.completion_ids[-1]) in self.eos_ids[i]
+                ) / len(samples)
+                m[f"agent_{i + 1}/terminated_rate"].append(eos_rate)
+        if self.metrics_callback is not None:
+            extra = self.metrics_callback(rollout.records())
+            for k, v in (extra or {}).items():
+                m[k].append(float(v))
+
+    def _write_trace(self, rollout: Rollout) -> None:
+        path = Path(self.args.trace_dir) / f"trace_rank{self.accelerator.process_index}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            for rec in rollout.records():
+                rec = {"step": self.state.global_step, "env_step": self.env_step, **rec}
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    def _will_log(self) -> bool:
+        """Whether the optimizer step about to happen is a logging step (per-agent grad norms are only computed
+        then)."""
+        every = self.state.logging_steps or 1
+        return self.args.logging_strategy == "steps" and (self.state.global_step + 1) % every == 0
+
+    def _record_grad_norms(self) -> None:
+        """Per-agent gradient norms (before clipping), on optimizer steps; not available under DeepSpeed."""
+        if self.is_deepspeed_enabled:
+            return
+        for i, agent in enumerate(self.team.agents):
+            grads = [p.grad.detach().float().norm() for p in agent.parameters() if p.grad is not None]
+            if grads:
+                self._metrics["train"][f"agent_{i + 1}/grad_norm"].append(torch.stack(grads).norm().item())
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = (
+            "train"
+            if self.model.training and "eval_loss" not in logs and not any(k.startswith("eval_") for k in logs)
+            else "eval"
+        )
+        metrics = {k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v}
+        if self.accelerator.num_processes > 1:
+            merged: dict[str, list[float]] = defaultdict(list)
+            for d in gather_object([metrics]):
+                for k, v in d.items():
+                    merged[k].append(v)
+            metrics = {k: sum(v) / len(v) for k, v in merged.items()}
+        if mode == "train":
+            env = torch.tensor([float(self.env_step)], device=self.accelerator.device)
+            metrics["env_step"] = (
+                self.accelerator.gather(env).sum().item()
+                if self.accelerator.num_processes > 1
+                else float(self.env_step)
+            )
+            if self.optimizer is not None:
+                seen = set()
+                for g in self.optimizer.param_groups:
+                    name = g.get("name")
+                    if name and name not in seen:
+                        seen.add(name)
+                        metrics[f"{name}/learning_rate"] = g["lr"]
+            total = sum(self._timings.values())
+            if total > 0:
+                for k, v in self._timings.items():
+                    metrics[f"time/{k}_fraction"] = v / total
+            prefix = ""
+        else:
+            prefix = "eval_"
+        logs = {**logs, **{prefix + k: v for k, v in metrics.items()}}
+        super().log(logs, start_time)
+        self._metrics[mode].clear()
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Sample the current agents (one completion each, training sampling settings) on the eval items and
+        score them with the TASK reward. Logs and returns `{prefix}_reward` (the mean undiscounted team return from
+        the first turn), `{prefix}_turn_k/reward_mean`, `{prefix}_turn_k/expected_return` and the domain metrics.
+
+        Sampling uses a fixed random stream (seeded from `args.seed`), so successive evaluations differ only by the
+        weights; the training random state is left untouched.
+        """
+        metrics = self.evaluate_reward(eval_dataset, metric_key_prefix)
+        self.log(dict(metrics))
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    @torch.no_grad()
+    def evaluate_reward(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluation without logging (see `evaluate`)."""
+        ds = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if ds is None:
+            raise ValueError("evaluation needs an eval_dataset")
+        total = len(ds) if self.args.eval_num_samples is None else min(self.args.eval_num_samples, len(ds))
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        indices = list(range(total))[rank::world]
+        bs = self.args.per_device_eval_batch_size or len(indices) or 1
+        was_training = self.model.training
+        self.model.eval()
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, float] = defaultdict(float)
+        extra: dict[str, list[float]] = defaultdict(list)
+        devices = [d for d in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.args.seed + 1_000_003 * (rank + 1))
+            for start in range(0, len(indices), bs):
+                items = [ds[j] for j in indices[start : start + bs]]
+                rollout = self.rollout_engine.run(items, self.generate, num_generations=1)
+                from ..rollout import assign_returns
+
+                assign_returns(rollout, 1.0, None, False)
+                for node in rollout.nodes:
+                    r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)
+                    key = f"turn_{node.turn + 1}"
+                    sums[f"{key}/reward_mean"] += r.sum().item()
+                    counts[f"{key}/reward_mean"] += r.numel()
+                    sums[f"{key}/expected_return"] += node.undiscounted_returns.sum().item()
+                    counts[f"{key}/expected_return"] += r.numel()
+                for i in range(self.num_agents):
+                    samples = rollout.samples_of_agent(i)
+                    sums[f"agent_{i + 1}/completion_length"] += sum(s.completion_ids.numel() for s in samples)
+                    counts[f"agent_{i + 1}/completion_length"] += len(samples)
+                if self.metrics_callback is not None:
+                    for k, v in (self.metrics_callback(rollout.records()) or {}).items():
+                        extra[k].append(float(v))
+        if was_training:
+            self.model.train()
+        keys = sorted(set(sums) | set(counts))
+        if world > 1:
+            gathered = gather_object([(dict(sums), dict(counts), dict(extra))])
+            sums, counts, extra = defaultdict(float), defaultdict(float), defaultdict(list)
+            for s, c, e in gathered:
+                for k, v in s.items():
+                    sums[k] += v
+                for k, v in c.items():
+                    counts[k] += v
+                for k, v in e.items():
+                    extra[k].extend(v)
+            keys = sorted(set(sums) | set(counts))
+        out = {f"{metric_key_prefix}_{k}": sums[k] / counts[k] for k in keys if counts[k]}
+        out[f"{metric_key_prefix}_reward"] = out.get(f"{metric_key_prefix}_turn_1/expected_return", math.nan)
+        for k, v in extra.items():
+            out[f"{metric_key_prefix}_{k}"] = sum(v) / len(v)
+        self._last_eval_reward = out[f"{metric_key_prefix}_reward"]
+        return out
+
+    # ------------------------------------------------------------------ saving
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Write `agent_1/ ... agent_n/` (each a `save_pretrained` folder with its tokenizer) and `team.json`."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        team = self.team
+        if state_dict is None:
+            state_dict = team.state_dict()
+        for i, agent in enumerate(team.agents):
+            prefix = f"agents.{i}."
+            sub = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            folder = os.path.join(output_dir, f"agent_{i + 1}")
+            agent.save_pretrained(folder, state_dict=sub or None)
+            self.tokenizers[i].save_pretrained(folder)
+        self._save_extra(output_dir, state_dict)
+        with open(os.path.join(output_dir, TEAM_FILE), "w", encoding="utf-8") as f:
+            json.dump(self._team_description(), f, indent=2)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _save_extra(self, output_dir: str, state_dict: dict) -> None:
+        """Save critics / reward models beside the agents; nothing here."""
+
+    def _team_description(self) -> dict:
+        return {
+            "algorithm": self._name,
+            "num_agents": self.num_agents,
+            "agents": [
+                {
+                    "folder": f"agent_{i + 1}",
+                    "source": self.agent_names[i],
+                    "formatter": getattr(self.formatters[i], "__qualname__", type(self.formatters[i]).__name__),
+                }
+                for i in range(self.num_agents)
+            ],
+            "reward_func": self.reward.name,
+            "joint_mode": self.args.joint_mode,
+            "num_turns": self.args.num_turns,
+        }
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        """Load every agent from `agent_i/` of a checkpoint written by `_save`."""
+        team = self.accelerator.unwrap_model(model if model is not None else self.model)
+        for i, agent in enumerate(team.agents):
+            folder = os.path.join(resume_from_checkpoint, f"agent_{i + 1}")
+            _load_agent_weights(agent, folder)
+        self._load_extra(resume_from_checkpoint, team)
+
+    def _load_extra(self, checkpoint: str, team: torch.nn.Module) -> None:
+        """Load what `_save_extra` wrote; nothing here."""
+
+
+def _decay_groups(
+    named: list[tuple[str, torch.nn.Parameter]], decay: set[str], weight_decay: float, lr: float, name: str
+) -> list[dict]:
+    return [
+        {"params": [p for k, p in named if k in decay], "weight_decay": weight_decay, "lr": lr, "name": name},
+        {"params": [p for k, p in named if k not in decay], "weight_decay": 0.0, "lr": lr, "name": name},
+    ]
+
+
+def _load_agent_weights(agent: torch.nn.Module, folder: str) -> None:
+    from safetensors.torch import load_file
+
+    single = os.path.join(folder, "model.safetensors")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        state = load_file(single)
+    elif os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        state = {}
+        for fn in files:
+            state.update(load_file(os.path.join(folder, fn)))
+    else:
+        raise FileNotFoundError(f"no model weights (model.safetensors) in {folder}")
+    missing, unexpected = agent.load_state_dict(state, strict=False)
+    tied = set(getattr(agent, "_tied_weights_keys", None) or [])
+    tied |= {
+        k for k in missing if k.endswith("lm_head.weight") and getattr(agent.config, "tie_word_embeddings", False)
+    }
+    bad = [k for k in missing if k not in tied]
+    if bad or unexpected:
+        raise RuntimeError(f"checkpoint {folder} does not match the agent: missing {bad}, unexpected {unexpected}")
+
+
+def _apply_wandb_config(args: MultiAgentConfig, cfg: dict) -> None:
+    env = {
+        "project": "WANDB_PROJECT",
+        "entity": "WANDB_ENTITY",
+        "dir": "WANDB_DIR",
+        "id": "WANDB_RUN_ID",
+        "resume": "WANDB_RESUME",
+    }
+    for key, var in env.items():
+        if cfg.get(key) is not None:
+            os.environ[var] = str(cfg[key])
+    if cfg.get("tags"):
+        os.environ["WANDB_TAGS"] = ",".join(cfg["tags"])
+    name = cfg.get("name") or cfg.get("run_name")
+    if name:
+        args.run_name = name
+    report = args.report_to if isinstance(args.report_to, list) else [args.report_to]
+    report = [r for r in report if r and r != "none"]
+    if "wandb" not in report:
+        args.report_to = report + ["wandb"]

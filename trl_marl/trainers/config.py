@@ -1,0 +1,213 @@
+"""`MultiAgentConfig`: the fields every trainer shares, on top of TRL's base config (so every `TrainingArguments`
+field works, and `TrlParser` exposes each one as a flag and in YAML)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from trl.trainer.base_config import _BaseConfig
+
+from ..rollout import JOINT_MODES
+
+__all__ = ["MultiAgentConfig", "PARALLEL_MODES"]
+
+PARALLEL_MODES = ("none", "mp")
+
+
+def _accelerator_available() -> bool:
+    if torch.cuda.is_available():
+        return True
+    xpu = getattr(torch, "xpu", None)
+    return bool(xpu is not None and xpu.is_available())
+
+
+@dataclass
+class MultiAgentConfig(_BaseConfig):
+    r"""Configuration shared by every multi-agent trainer.
+
+    Subclasses TRL's base config (itself a `transformers.TrainingArguments`), so `output_dir`, `num_train_epochs`,
+    `max_steps`, `learning_rate`, `lr_scheduler_type`, `max_grad_norm`, `gradient_accumulation_steps`, `bf16`,
+    `gradient_checkpointing`, `report_to`, `logging_steps`, `save_steps`, `push_to_hub`, `hub_model_id`, `seed`, ...
+    all work as in TRL. Differences from TRL's defaults, on purpose: `bf16` is off when no GPU is present (TRL would
+    fail on a CPU-only machine), `gradient_checkpointing` is off (turn it on for big agents), `ddp_backend` is
+    `"gloo"` in multi-process runs when no GPU is present (needed for multi-process and DeepSpeed runs on CPU), `learning_rate` is 5e-6.
+
+    Batching: each process rolls out `rollout_buffer_size` task items at once (one batched `generate` per agent per
+    turn covers all of them x `num_generations`) and then takes `rollout_buffer_size / train_batch_size` training
+    steps, each on the samples of `train_batch_size` items (all turns of an item stay in one step, so a group is never
+    split). `per_device_train_batch_size` is set to `train_batch_size` and counts task items, not completions.
+
+    Parameters:
+        num_agents: number of agents n in the team.
+        num_generations: completions G each agent samples per prompt (per node of the rollout tree).
+        joint_mode: how the agents' samples combine into joint actions: `"aligned"` (G joint actions, sample j with
+            sample j) or `"cross"` (the Cartesian product, G^n joint actions).
+        num_turns: turns per rollout; more than 1 needs an `external_transition`.
+        discount: gamma, applied to the next turn's return in multi-turn rollouts (honoured, unlike the reference
+            library's MAGRPO).
+        early_termination_threshold: a rollout branch stops when its turn's mean processed reward exceeds this;
+            `None` disables early termination.
+        external_prompt_passthrough: use the prompts returned by `external_transition` verbatim instead of passing
+            them through each agent's formatter (as `item["prompt"]`).
+        max_new_tokens: maximum completion length in tokens.
+        max_prompt_length: prompts longer than this are truncated from the left; `None` keeps them whole.
+        temperature: sampling temperature.
+        top_p: nucleus sampling.
+        top_k: top-k sampling; `None` disables it.
+        agent_learning_rate: learning rate of the agents' parameter groups; `None` uses `learning_rate`. A list gives
+            one rate per agent.
+        rollout_buffer_size: task items each process rolls out together before training on them.
+        train_batch_size: task items per training step; `None` means `rollout_buffer_size`. Must divide it.
+        reference_kl_enabled: subtract a KL penalty to a frozen copy of each agent's initial weights from the reward.
+        reference_kl_coef: weight of that penalty (per-sequence k3 estimate summed over completion tokens).
+        reference_devices: devices of the frozen references (one, or one per agent); `None` puts each beside its
+            agent.
+        eval_interval: evaluate every this many training steps (sets `eval_strategy="steps"`); `None` keeps
+            `eval_strategy` / `eval_steps` as given. Evaluation samples the current agents (one completion per agent,
+            training sampling settings) on `eval_dataset` and scores them with the task reward.
+        eval_num_samples: task items evaluated per evaluation (`None`: the whole eval dataset).
+        eval_batch_size: task items rolled out together during evaluation (`per_device_eval_batch_size`).
+        parallel_training: `"none"` (accelerate places everything) or `"mp"` (explicit per-agent devices).
+        agent_devices: one device per agent (or one for all) in `"mp"` mode, e.g. `["cuda:0", "cuda:1"]`.
+        disable_dropout: disable dropout in the agents (as TRL's trainers do) so sampling and scoring agree.
+        trace_dir: when set, every training step appends each agent's prompts, completions and rewards to
+            `trace_dir/trace_rank{r}.jsonl` (one JSON record per joint action).
+    """
+
+    # Trainer defaults that differ from TRL's
+    learning_rate: float = field(default=5e-6, metadata={"help": "Default learning rate of every parameter group."})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Enable gradient checkpointing in every agent (trades compute for memory)."}
+    )
+    logging_steps: float = field(default=1, metadata={"help": "Log every X training steps."})
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Kept False: task items reach formatters and rewards whole."}
+    )
+
+    # Team
+    num_agents: int = field(default=2, metadata={"help": "Number of agents n in the team."})
+
+    # Rollout
+    num_generations: int = field(default=4, metadata={"help": "Completions G per agent per prompt."})
+    joint_mode: str = field(
+        default="aligned",
+        metadata={"help": "Joint actions: 'aligned' (G) or 'cross' (G^n).", "choices": list(JOINT_MODES)},
+    )
+    num_turns: int = field(default=1, metadata={"help": "Turns per rollout (>1 needs external_transition)."})
+    discount: float = field(default=1.0, metadata={"help": "Discount gamma between turns."})
+    early_termination_threshold: float | None = field(
+        default=None, metadata={"help": "Stop a branch when its mean reward exceeds this; None disables."}
+    )
+    external_prompt_passthrough: bool = field(
+        default=False, metadata={"help": "Use external_transition's prompts verbatim (no formatter)."}
+    )
+    max_new_tokens: int = field(default=128, metadata={"help": "Maximum completion length in tokens."})
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Truncate prompts to this many tokens (from the left); None keeps them."}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling probability mass."})
+    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling; None disables."})
+
+    # Optimisation
+    agent_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of the agents; None uses learning_rate."}
+    )
+    rollout_buffer_size: int = field(default=4, metadata={"help": "Task items rolled out together per process."})
+    train_batch_size: int | None = field(
+        default=None, metadata={"help": "Task items per training step (divides rollout_buffer_size); None = buffer."}
+    )
+
+    # Reference KL
+    reference_kl_enabled: bool = field(default=False, metadata={"help": "Penalise KL to the frozen initial agents."})
+    reference_kl_coef: float = field(default=0.1, metadata={"help": "Weight of the reference-KL reward penalty."})
+    reference_devices: list[str] | None = field(
+        default=None, metadata={"help": "Devices of the frozen reference models (one or one per agent)."}
+    )
+
+    # Evaluation
+    eval_interval: int | None = field(
+        default=None, metadata={"help": "Evaluate every N training steps (sets eval_strategy='steps')."}
+    )
+    eval_num_samples: int | None = field(
+        default=16, metadata={"help": "Task items per evaluation; None = the whole eval dataset."}
+    )
+    eval_batch_size: int | None = field(
+        default=None, metadata={"help": "Task items rolled out together in evaluation (per device)."}
+    )
+
+    # Devices
+    parallel_training: str = field(
+        default="none",
+        metadata={"help": "'none' or 'mp' (explicit per-agent devices).", "choices": list(PARALLEL_MODES)},
+    )
+    agent_devices: list[str] | None = field(default=None, metadata={"help": "One device per agent in 'mp' mode."})
+
+    # Misc
+    disable_dropout: bool = field(default=True, metadata={"help": "Disable dropout in the agents."})
+    trace_dir: str | None = field(
+        default=None, metadata={"help": "Write per-agent prompt/completion/reward traces (JSONL) here."}
+    )
+
+    def __post_init__(self):
+        if self.bf16 is None and not self.use_cpu and not _accelerator_available():
+            self.bf16 = False
+        if self.ddp_backend is None and not _accelerator_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            self.ddp_backend = "gloo"
+        self._validate_multi_agent()
+        if self.train_batch_size is None:
+            self.train_batch_size = self.rollout_buffer_size
+        self.per_device_train_batch_size = self.train_batch_size
+        if self.eval_batch_size is not None:
+            self.per_device_eval_batch_size = self.eval_batch_size
+        if self.eval_interval is not None:
+            self.eval_strategy = "steps"
+            self.eval_steps = self.eval_interval
+        super().__post_init__()
+
+    def _validate_multi_agent(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(self.num_agents >= 1, f"num_agents must be >= 1, got {self.num_agents}")
+        need(self.num_generations >= 1, f"num_generations must be >= 1, got {self.num_generations}")
+        need(self.joint_mode in JOINT_MODES, f"joint_mode must be one of {list(JOINT_MODES)}, got {self.joint_mode!r}")
+        need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
+        need(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
+        need(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        need(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
+        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        need(self.top_k is None or self.top_k >= 1, f"top_k must be None or >= 1, got {self.top_k}")
+        need(self.rollout_buffer_size >= 1, f"rollout_buffer_size must be >= 1, got {self.rollout_buffer_size}")
+        tb = self.train_batch_size
+        need(
+            tb is None or (tb >= 1 and self.rollout_buffer_size % tb == 0),
+            f"train_batch_size ({tb}) must be >= 1 and divide rollout_buffer_size ({self.rollout_buffer_size})",
+        )
+        need(self.reference_kl_coef >= 0, f"reference_kl_coef must be >= 0, got {self.reference_kl_coef}")
+        need(
+            self.parallel_training in PARALLEL_MODES,
+            f"parallel_training must be one of {list(PARALLEL_MODES)}, got {self.parallel_training!r}",
+        )
+        if self.parallel_training == "mp":
+            need(bool(self.agent_devices), "parallel_training='mp' needs agent_devices (one device per agent)")
+        if self.agent_devices is not None:
+            need(
+                len(self.agent_devices) in (1, self.num_agents),
+                f"agent_devices has {len(self.agent_devices)} entries; give 1 or num_agents={self.num_agents}",
+            )
+        if self.reference_devices is not None:
+            need(
+                len(self.reference_devices) in (1, self.num_agents),
+                f"reference_devices has {len(self.reference_devices)} entries; give 1 or num_agents={self.num_agents}",
+            )
+        need(self.eval_interval is None or self.eval_interval >= 1, "eval_interval must be None or >= 1")
+        need(self.eval_num_samples is None or self.eval_num_samples >= 1, "eval_num_samples must be None or >= 1")
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Training steps taken on each rollout: `rollout_buffer_size / train_batch_size`."""
+        return self.rollout_buffer_size // (self.train_batch_size or self.rollout_buffer_size)

@@ -1,0 +1,183 @@
+"""The REINFORCE family: MAGRPO, MAREINFORCE, MARLOO, MAReMax.
+
+No critic. For each task item every agent samples G completions; the joint actions are scored; each agent's
+completion is weighted by an advantage built from the joint returns of its group (the G samples of one node), and
+each agent gets its own policy-gradient step:
+
+    loss_i = - mean_over_samples( logprob_sum(a_i) * A )
+
+| trainer | baseline | A_j |
+|---|---|---|
+| MAGRPO | group mean | `R_j - mean(R)` |
+| MAREINFORCE | none | `R_j` |
+| MARLOO | leave-one-out mean | `(G R_j - sum R) / (G - 1)` |
+| MAReMax | group max | `R_j - max(R)` |
+
+With `advantage_normalization` all four give the same normalized advantage (each baseline is a positive affine map
+of R), so it defaults on only for MAGRPO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..algorithms.logprobs import sequence_logprobs
+from ..algorithms.losses import policy_gradient_loss
+from .base import MultiAgentTrainer
+from .config import MultiAgentConfig
+
+__all__ = [
+    "MAGRPOConfig",
+    "MAGRPOTrainer",
+    "MAREINFORCEConfig",
+    "MAREINFORCETrainer",
+    "MARLOOConfig",
+    "MARLOOTrainer",
+    "MAReMaxConfig",
+    "MAReMaxTrainer",
+]
+
+
+@dataclass
+class MAGRPOConfig(MultiAgentConfig):
+    r"""Configuration of `MAGRPOTrainer` (multi-agent group-relative policy optimisation).
+
+    All `MultiAgentConfig` fields, plus:
+
+    Parameters:
+        advantage_normalization: divide each group's advantages by the group's standard deviation (a group whose
+            returns are all equal gets zero advantage, never amplified noise).
+    """
+
+    advantage_normalization: bool = field(
+        default=True, metadata={"help": "Z-score advantages inside each group of G samples."}
+    )
+
+
+class MAGRPOTrainer(MultiAgentTrainer):
+    """Multi-agent GRPO: group-mean baseline over each node's G joint actions; plain on-policy policy gradient.
+
+    See `MultiAgentTrainer` for the arguments. Example:
+
+    ```python
+    from trl_marl import MAGRPOConfig, MAGRPOTrainer
+
+    trainer = MAGRPOTrainer(
+        agent_model="Qwen/Qwen2.5-0.5B-Instruct",
+        reward_func=lambda writer, editor: [...],
+        formatters=[writer_prompt, editor_prompt],
+        args=MAGRPOConfig(output_dir="out", num_agents=2, num_generations=4),
+        train_dataset=dataset,
+    )
+    trainer.train()
+    ```
+    """
+
+    _name = "MAGRPO"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "magrpo"]
+    _paper = {
+        "title": "LLM Collaboration With Multi-Agent Reinforcement Learning",
+        "id": "2508.04652",
+        "citation": (
+            "@article{liu2025llmcollab,\n  title={LLM Collaboration With Multi-Agent Reinforcement Learning},\n"
+            "  author={Liu, Shuo and Liang, Zeyu and Lyu, Xueguang and Amato, Christopher},\n"
+            "  journal={arXiv preprint arXiv:2508.04652},\n  year={2025}\n}"
+        ),
+    }
+    config_class = MAGRPOConfig
+    args_class = MAGRPOConfig  # the siblings' configs only change defaults: any MAGRPOConfig works
+    baseline = "mean"
+    min_generations = 2
+
+    def _check_config(self, args: MultiAgentConfig) -> None:
+        if args.num_generations < self.min_generations:
+            raise ValueError(
+                f"{type(self).__name__} needs num_generations >= {self.min_generations} (its baseline compares the "
+                f"samples of a group), got {args.num_generations}"
+            )
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Sum over agents of `policy_gradient_loss(logprob_sum(a_i), A_i)` on this step's items.
+
+        One forward pass per agent over all its samples of the step (every turn of every item). Agents' parameters
+        are disjoint, so the gradient of the sum on agent i is agent i's own policy gradient.
+        """
+        rollout, items = inputs["rollout"], inputs["items"]
+        nodes = rollout.nodes_of_items(items)
+        batches, advantages = [], []
+        for i in range(self.num_agents):
+            samples = rollout.samples_of_agent(i, nodes)
+            batches.append(self.agent_batch(i, samples))
+            advantages.append(torch.tensor([s.advantage for s in samples], dtype=torch.float32))
+        token_logps = model(batches)
+        losses = []
+        m = self._metrics["train"]
+        for i, (logp, batch, adv) in enumerate(zip(token_logps, batches, advantages)):
+            seq = sequence_logprobs(logp, batch.completion_mask.to(logp.device))
+            loss_i = policy_gradient_loss(seq, adv.to(logp.device))
+            losses.append(loss_i)
+            m[f"agent_{i + 1}/loss"].append(loss_i.item())
+            m[f"agent_{i + 1}/logprob_mean"].append(seq.detach().mean().item())
+            m[f"agent_{i + 1}/advantage_std"].append(adv.std(unbiased=False).item())
+        device = losses[0].device
+        return sum(loss.to(device) for loss in losses)
+
+
+@dataclass
+class MAREINFORCEConfig(MAGRPOConfig):
+    r"""Configuration of `MAREINFORCETrainer`: no baseline (`A_j = R_j`). Normalization defaults off (with it on,
+    the trainer would be identical to MAGRPO)."""
+
+    advantage_normalization: bool = field(
+        default=False, metadata={"help": "Z-score advantages inside each group (makes it identical to MAGRPO)."}
+    )
+
+
+class MAREINFORCETrainer(MAGRPOTrainer):
+    """Multi-agent REINFORCE: the raw joint return as the advantage. `num_generations` may be 1."""
+
+    _name = "MAREINFORCE"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "mareinforce"]
+    config_class = MAREINFORCEConfig
+    baseline = "raw"
+    min_generations = 1
+
+
+@dataclass
+class MARLOOConfig(MAGRPOConfig):
+    r"""Configuration of `MARLOOTrainer`: leave-one-out baseline. Normalization defaults off (with it on, the trainer
+    would be identical to MAGRPO)."""
+
+    advantage_normalization: bool = field(
+        default=False, metadata={"help": "Z-score advantages inside each group (makes it identical to MAGRPO)."}
+    )
+
+
+class MARLOOTrainer(MAGRPOTrainer):
+    """Multi-agent RLOO: `A_j = R_j - mean_{k != j} R_k`."""
+
+    _name = "MARLOO"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "marloo"]
+    config_class = MARLOOConfig
+    baseline = "loo"
+
+
+@dataclass
+class MAReMaxConfig(MAGRPOConfig):
+    r"""Configuration of `MAReMaxTrainer`: group-max baseline. Normalization defaults off (with it on, the trainer
+    would be identical to MAGRPO)."""
+
+    advantage_normalization: bool = field(
+        default=False, metadata={"help": "Z-score advantages inside each group (makes it identical to MAGRPO)."}
+    )
+
+
+class MAReMaxTrainer(MAGRPOTrainer):
+    """Multi-agent ReMax with the reference library's meaning: `A_j = R_j - max(R)` (the group's best sample)."""
+
+    _name = "MAReMax"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "maremax"]
+    config_class = MAReMaxConfig
+    baseline = "max"
