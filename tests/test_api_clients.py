@@ -1,0 +1,477 @@
+"""API comparator clients against a real local HTTP server (127.0.0.1, an ephemeral port, one thread per request)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import socket
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from trl_marl.plugins.api_clients import (
+    ANTHROPIC_VERSION,
+    APIClient,
+    APIClientConfig,
+    APIComparatorError,
+    backoff_delay,
+    candidate_chunks,
+    normalize_format,
+    parse_completions,
+)
+
+KEY_ENV = "TRL_MARL_TEST_API_KEY"
+FAST = {"backoff_base": 0.001, "backoff_max": 0.01, "timeout": 5.0}
+
+
+class Server:
+    """Records every POST (path, lower-cased headers, JSON body) and answers with `respond(request, number)`,
+    which returns `(status, body)` or `(status, body, headers)`; `body` is JSON-dumped unless it is a str."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.respond = lambda request, number: (200, {})
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                request = {
+                    "path": self.path,
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                    "body": json.loads(raw),
+                }
+                with server.lock:
+                    server.requests.append(request)
+                    number = len(server.requests)
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    status, body, *rest = server.respond(request, number)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+                payload = (body if isinstance(body, str) else json.dumps(body)).encode()
+                try:
+                    self.send_response(status)
+                    for name, value in (rest[0] if rest else {}).items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+            def log_message(self, *args):  # keep the test output quiet
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def key(monkeypatch, caplog):
+    """A unique key in the environment; after the test, it must appear in no log record."""
+    secret = f"sk-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv(KEY_ENV, secret)
+    for proxy in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    caplog.set_level(logging.DEBUG)  # every logger, httpx and httpcore included
+    yield secret
+    assert secret not in caplog.text
+    for record in caplog.records:
+        assert secret not in record.getMessage()
+        assert secret not in repr(record.args)
+
+
+def client_for(server, path, **settings) -> APIClient:
+    return APIClient(APIClientConfig(url=server.base + path, key_env=KEY_ENV, **{**FAST, **settings}))
+
+
+# --- pure functions ---------------------------------------------------------------------------------------------
+
+
+def test_formats_and_chunks():
+    assert normalize_format("responses") == normalize_format("codex") == "openai_responses"
+    with pytest.raises(ValueError, match=r"comparator_api_format must be one of .*'anthropic'.* got 'claude'"):
+        normalize_format("claude")
+    assert candidate_chunks("openai", 7, 3) == [3, 3, 1]
+    assert candidate_chunks("openai", 6, 3) == [3, 3]
+    assert candidate_chunks("openai", 5, None) == [5]
+    assert candidate_chunks("generic", 4, 8) == [4]
+    assert candidate_chunks("anthropic", 3, None) == [1, 1, 1]
+    assert candidate_chunks("codex", 2, None) == [1, 1]
+    assert candidate_chunks("openai", 0, 2) == []
+
+
+def test_backoff_delay():
+    assert [backoff_delay(r, 0.5, 3.0) for r in range(4)] == [0.5, 1.0, 2.0, 3.0]
+    assert backoff_delay(0, 0.5, 3.0, retry_after="2") == 2.0
+    assert backoff_delay(0, 0.5, 3.0, retry_after="60") == 3.0
+    assert backoff_delay(1, 0.5, 3.0, retry_after="Wed, 21 Oct 2015 07:28:00 GMT") == 1.0
+
+
+def test_parse_completions_shapes():
+    assert parse_completions("generic", {"completions": ["a", "b"]}) == ["a", "b"]
+    assert parse_completions("generic", {"data": {"outputs": [{"text": "x"}]}}, "data.outputs") == ["x"]
+    assert parse_completions("generic", {"choices": [{"texts": ["y", "z"]}]}, "choices.0.texts") == ["y", "z"]
+    assert parse_completions("generic", {"completion": "one"}, "completion") == ["one"]
+    with pytest.raises(ValueError, match=r"no field 'outputs' \(top-level keys: \['completions'\]\)"):
+        parse_completions("generic", {"completions": []}, "outputs")
+    openai = {"choices": [{"index": 1, "message": {"content": "b"}}, {"index": 0, "message": {"content": "a"}}]}
+    assert parse_completions("openai", openai) == ["a", "b"]
+    anthropic = {"content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "hi"}]}
+    assert parse_completions("anthropic", anthropic) == ["hi"]
+    responses = {
+        "output": [{"type": "reasoning"}, {"type": "message", "content": [{"type": "output_text", "text": "r"}]}]
+    }
+    assert parse_completions("responses", responses) == ["r"]
+    assert parse_completions("codex", {"output_text": "t", "output": []}) == ["t"]
+
+
+# --- formats against the server ------------------------------------------------------------------------------------
+
+
+def test_generic_request_and_chunking(server, key):
+    def respond(request, number):
+        body = request["body"]
+        return 200, {
+            "completions": [
+                f"{body['prompt']}|{body['num_return_sequences']}|{i}" for i in range(body["num_return_sequences"])
+            ]
+        }
+
+    server.respond = respond
+    items = [{"id": 1, "tags": np.array([1, 2]), "score": np.float32(0.5)}, {"id": 2, "tags": ("a",)}]
+    with client_for(
+        server,
+        "/generate",
+        max_n_per_request=2,
+        headers={"X-Trace": "abc"},
+        extra_body={"stop": ["\n"]},
+    ) as client:
+        out = client.generate(
+            ["p0", "p1"], 3, agent_indices=[0, 1], items=items, max_new_tokens=8, temperature=0.7, top_p=None
+        )
+    assert out == [["p0|2|0", "p0|2|1", "p0|1|0"], ["p1|2|0", "p1|2|1", "p1|1|0"]]
+    assert len(server.requests) == 4
+    by_prompt = sorted((r["body"]["prompt"], r["body"]["num_return_sequences"]) for r in server.requests)
+    assert by_prompt == [("p0", 1), ("p0", 2), ("p1", 1), ("p1", 2)]
+    for request in server.requests:
+        assert request["path"] == "/generate"
+        assert request["headers"]["authorization"] == f"Bearer {key}"
+        assert request["headers"]["x-trace"] == "abc"
+        assert request["headers"]["content-type"] == "application/json"
+        body = request["body"]
+        agent = 0 if body["prompt"] == "p0" else 1
+        assert body["agent_idx"] == agent
+        assert body["batch_item"] == (
+            {"id": 1, "tags": [1, 2], "score": 0.5} if agent == 0 else {"id": 2, "tags": ["a"]}
+        )
+        assert body["max_new_tokens"] == 8 and body["temperature"] == 0.7 and body["stop"] == ["\n"]
+        assert "top_p" not in body and "model" not in body
+
+
+def test_generic_response_field_and_model(server, key):
+    server.respond = lambda request, number: (200, {"data": {"outputs": [{"text": "x"}, {"text": "y"}]}})
+    client = client_for(server, "/g", response_field="data.outputs", model="my-model")
+    assert client.generate(["p"], 2) == [["x", "y"]]
+    assert server.requests[0]["body"]["model"] == "my-model"
+    server.respond = lambda request, number: (200, {"data": {}})
+    with pytest.raises(APIComparatorError, match=r"/g \(format 'generic'\): the response has no field 'data.outputs'"):
+        client.generate(["p"], 2)
+    server.respond = lambda request, number: (200, {"data": {"outputs": ["only one"]}})
+    with pytest.raises(APIComparatorError, match="returned 1 completion\\(s\\) for a request of 2"):
+        client.generate(["p"], 2)
+
+
+def test_openai_chat_completions_with_n_chunking(server, key):
+    def respond(request, number):
+        body = request["body"]
+        prompt = body["messages"][0]["content"]
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": f"{prompt}#{number}.{i}"}}
+            for i in range(body["n"])
+        ]
+        return 200, {"choices": list(reversed(choices))}  # out of order: the client sorts by index
+
+    server.respond = respond
+    client = client_for(server, "/v1/chat/completions", format="openai", model="gpt-test", max_n_per_request=3)
+    out = client.generate(["hello"], 7, max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=5)
+    assert len(out) == 1 and len(out[0]) == 7
+    assert sorted(r["body"]["n"] for r in server.requests) == [1, 3, 3]
+    # candidates come chunk by chunk, each chunk in index order
+    assert [c.split(".")[1] for c in out[0]] == ["0", "1", "2", "0", "1", "2", "0"]
+    for request in server.requests:
+        body = request["body"]
+        assert request["path"] == "/v1/chat/completions"
+        assert request["headers"]["authorization"] == f"Bearer {key}"
+        assert body["model"] == "gpt-test"
+        assert body["messages"] == [{"role": "user", "content": "hello"}]
+        assert body["max_tokens"] == 16 and body["temperature"] == 1.0 and body["top_p"] == 0.9
+        assert "top_k" not in body
+
+
+def test_openai_extra_body_can_replace_a_default_field(server, key):
+    server.respond = lambda request, number: (200, {"choices": [{"index": 0, "message": {"content": "ok"}}]})
+    client = client_for(
+        server,
+        "/v1/chat/completions",
+        format="openai",
+        model="o-test",
+        extra_body={"max_tokens": None, "max_completion_tokens": 64, "reasoning_effort": "low"},
+    )
+    assert client.generate(["q"], 1, max_new_tokens=16) == [["ok"]]
+    body = server.requests[0]["body"]
+    assert "max_tokens" not in body and body["max_completion_tokens"] == 64 and body["reasoning_effort"] == "low"
+
+
+def test_anthropic_messages_one_request_per_candidate(server, key):
+    def respond(request, number):
+        return 200, {
+            "content": [{"type": "text", "text": f"{request['body']['messages'][0]['content']}-{number}"}],
+            "stop_reason": "end_turn",
+        }
+
+    server.respond = respond
+    client = client_for(server, "/v1/messages", format="anthropic", model="claude-test")
+    out = client.generate(["a", "b"], 3, max_new_tokens=32, temperature=0.5, top_k=10)
+    assert len(server.requests) == 6
+    assert [len(cands) for cands in out] == [3, 3]
+    assert all(c.startswith("a-") for c in out[0]) and all(c.startswith("b-") for c in out[1])
+    assert len(set(out[0] + out[1])) == 6  # six separate requests
+    for request in server.requests:
+        headers, body = request["headers"], request["body"]
+        assert request["path"] == "/v1/messages"
+        assert headers["x-api-key"] == key
+        assert headers["anthropic-version"] == ANTHROPIC_VERSION == "2023-06-01"
+        assert "authorization" not in headers
+        assert body["model"] == "claude-test" and body["max_tokens"] == 32
+        assert body["temperature"] == 0.5 and body["top_k"] == 10
+        assert "n" not in body and "top_p" not in body
+
+
+def test_anthropic_needs_max_new_tokens(server, key):
+    client = client_for(server, "/v1/messages", format="anthropic", model="claude-test")
+    with pytest.raises(ValueError, match="needs max_new_tokens"):
+        client.generate(["a"], 1)
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("fmt", ["openai_responses", "responses", "codex"])
+def test_openai_responses_one_request_per_candidate(server, key, fmt):
+    def respond(request, number):
+        text = f"{request['body']['input']}-{number}"
+        return 200, {
+            "output": [
+                {"type": "reasoning", "summary": []},
+                {"type": "message", "content": [{"type": "output_text", "text": text}]},
+            ]
+        }
+
+    server.respond = respond
+    client = client_for(server, "/v1/responses", format=fmt, model="gpt-test")
+    assert client.config.format == "openai_responses"
+    out = client.generate(["x"], 2, max_new_tokens=12, temperature=0.3, top_k=4)
+    assert len(server.requests) == 2 and len(set(out[0])) == 2
+    for request in server.requests:
+        body = request["body"]
+        assert request["headers"]["authorization"] == f"Bearer {key}"
+        assert body == {"model": "gpt-test", "input": "x", "max_output_tokens": 12, "temperature": 0.3}
+
+
+def test_requests_are_concurrent_and_bounded(server, key):
+    def respond(request, number):
+        time.sleep(0.1)
+        return 200, {"completions": ["c"]}
+
+    server.respond = respond
+    client = client_for(server, "/g", max_concurrency=3)
+    started = time.perf_counter()
+    assert client.generate([f"p{i}" for i in range(6)], 1) == [["c"]] * 6
+    elapsed = time.perf_counter() - started
+    assert server.max_in_flight == 3
+    assert elapsed < 0.55  # 2 waves of 0.1 s, not 6
+
+
+# --- retries and errors ------------------------------------------------------------------------------------------
+
+
+def test_retry_on_503_then_success(server, key, caplog):
+    def respond(request, number):
+        if number == 1:
+            return 503, {"error": "overloaded"}, {"Retry-After": "0"}
+        return 200, {"choices": [{"index": 0, "message": {"content": "fine"}}]}
+
+    server.respond = respond
+    client = client_for(server, "/v1/chat/completions", format="openai", model="m", max_retries=3)
+    assert client.generate(["p"], 1) == [["fine"]]
+    assert len(server.requests) == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("attempt 1/4 failed (HTTP 503" in w and "retrying" in w for w in warnings)
+
+
+def test_repeated_500_gives_a_clear_error_without_the_key(server, key, caplog):
+    # the server echoes the key in its error body: the client must scrub it
+    server.respond = lambda request, number: (500, f"internal error for {request['headers']['authorization']}")
+    client = client_for(server, "/v1/chat/completions?api-version=1", format="openai", model="m", max_retries=2)
+    with pytest.raises(APIComparatorError) as err:
+        client.generate(["p"], 1)
+    message = str(err.value)
+    assert len(server.requests) == 3
+    assert message.startswith(f"POST {server.base}/v1/chat/completions failed after 3 attempt(s): HTTP 500")
+    assert "api-version" not in message  # no query string in messages
+    assert "Bearer ***" in message
+    assert err.value.status_code == 500 and err.value.url == f"{server.base}/v1/chat/completions"
+    assert key not in message and key not in repr(err.value)
+    assert sum("failed (HTTP 500" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_client_error_is_not_retried(server, key):
+    server.respond = lambda request, number: (401, {"error": {"message": "invalid x-api-key"}})
+    client = client_for(server, "/v1/messages", format="anthropic", model="m", max_retries=3)
+    with pytest.raises(APIComparatorError, match=rf"HTTP 401 Unauthorized.*check the key in \${KEY_ENV}") as err:
+        client.generate(["p"], 1, max_new_tokens=4)
+    assert len(server.requests) == 1 and err.value.status_code == 401
+    assert key not in str(err.value)
+
+
+def test_timeout_is_retried(server, key):
+    def respond(request, number):
+        if number == 1:
+            time.sleep(0.5)
+        return 200, {"completions": ["late but fine"]}
+
+    server.respond = respond
+    client = client_for(server, "/g", timeout=0.15, max_retries=1)
+    assert client.generate(["p"], 1) == [["late but fine"]]
+    assert len(server.requests) == 2
+
+
+def test_connection_errors_are_retried_then_reported(key):
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = APIClient(APIClientConfig(url=f"http://127.0.0.1:{port}/g", key_env=KEY_ENV, max_retries=1, **FAST))
+    with pytest.raises(
+        APIComparatorError, match=rf"POST http://127.0.0.1:{port}/g failed after 2 attempt\(s\): connection error"
+    ):
+        client.generate(["p"], 1)
+
+
+def test_non_json_success_body(server, key):
+    server.respond = lambda request, number: (200, "<html>proxy page</html>")
+    with pytest.raises(APIComparatorError, match="not JSON"):
+        client_for(server, "/g").generate(["p"], 1)
+
+
+# --- keys and configuration ----------------------------------------------------------------------------------------
+
+
+def test_key_never_in_repr_dict_or_pickle(server, key):
+    client = client_for(server, "/v1/messages", format="anthropic", model="m")
+    config = client.config
+    for text in (
+        repr(client),
+        repr(config),
+        json.dumps(client.to_dict()),
+        json.dumps(config.to_dict()),
+        str(vars(client)),
+    ):
+        assert key not in text
+    assert key.encode() not in pickle.dumps(client)
+    assert KEY_ENV in repr(client) and config.to_dict()["key_env"] == KEY_ENV
+    restored = pickle.loads(pickle.dumps(client))
+    assert restored.config == config
+
+
+def test_default_key_env_and_missing_keys(server, monkeypatch, caplog):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    caplog.set_level(logging.WARNING)
+    server.respond = lambda request, number: (200, {"choices": [{"index": 0, "message": {"content": "ok"}}]})
+    client = APIClient(APIClientConfig(url=server.base + "/v1/chat/completions", format="openai", model="m", **FAST))
+    assert client.config.resolved_key_env == "OPENAI_API_KEY"
+    assert client.generate(["p"], 1) == [["ok"]]  # a local server without a key: allowed, with a warning
+    assert "authorization" not in server.requests[0]["headers"]
+    assert "$OPENAI_API_KEY is not set" in caplog.text
+    secret = f"sk-default-{uuid.uuid4().hex}"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    client.generate(["p"], 1)
+    assert server.requests[1]["headers"]["authorization"] == f"Bearer {secret}"  # read at request time
+    # an explicitly named variable must exist
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(ValueError, match=f"'{KEY_ENV}', which is not set"):
+        APIClient(APIClientConfig(url=server.base, key_env=KEY_ENV))
+    # generic has no default key variable
+    assert APIClientConfig(url=server.base).resolved_key_env is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"url": "ftp://x"}, "comparator_api_url must be an http"),
+        ({"format": "openai"}, "comparator_api_model is required when comparator_api_format='openai'"),
+        ({"format": "anthropic", "model": "m", "max_n_per_request": 4}, "always sends one request per candidate"),
+        ({"max_n_per_request": 0}, "comparator_api_max_n_per_request must be >= 1"),
+        ({"headers": {"Authorization": "Bearer sk-123"}}, r"must not carry credentials \(Authorization\)"),
+        ({"headers": {"X-API-Key": "sk-123"}}, "must not carry credentials"),
+        ({"key_env": "sk-live-abc123"}, "must be the NAME of an environment variable"),
+        ({"timeout": 0}, "comparator_api_timeout must be > 0"),
+        ({"max_concurrency": 0}, "comparator_api_max_concurrency must be >= 1"),
+    ],
+)
+def test_config_validation(kwargs, message):
+    kwargs = {"url": "http://127.0.0.1:1/x", **kwargs}
+    with pytest.raises(ValueError, match=message) as err:
+        APIClientConfig(**kwargs)
+    assert "sk-123" not in str(err.value) and "sk-live-abc123" not in str(err.value)
+
+
+def test_config_from_trainer_args():
+    args = SimpleNamespace(
+        comparator_api_url="https://api.example.com/v1/responses",
+        comparator_api_format="codex",
+        comparator_api_model="m",
+        comparator_api_key_env=None,
+        comparator_api_timeout=30.0,
+        comparator_api_headers=None,
+        comparator_api_extra_body={"store": False},
+        comparator_api_max_n_per_request=None,
+        comparator_api_response_field=None,
+    )
+    config = APIClientConfig.from_args(args)
+    assert config.format == "openai_responses" and config.timeout == 30.0 and config.response_field == "completions"
+    assert config.resolved_key_env == "OPENAI_API_KEY" and config.max_retries == 3
+    args.comparator_api_key = "sk-literal"
+    with pytest.raises(ValueError, match="comparator_api_key is not supported") as err:
+        APIClientConfig.from_args(args)
+    assert "sk-literal" not in str(err.value)
+
+
+def test_unknown_generation_setting(server, key):
+    with pytest.raises(TypeError, match=r"unsupported generation settings \['beam_width'\]"):
+        client_for(server, "/g").generate(["p"], 1, beam_width=4)
