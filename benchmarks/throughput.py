@@ -28,8 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env():
-    for k, v in {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false",
-                 "CI": "1", "TRANSFORMERS_VERBOSITY": "error"}.items():
+    for k, v in {
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "CI": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }.items():
         os.environ.setdefault(k, v)
 
 
@@ -66,8 +71,9 @@ def run_bare(args) -> dict:
         for m in models:
             enc = tok([prompt], return_tensors="pt")
             with torch.no_grad():
-                out = m.generate(**enc, do_sample=True, max_new_tokens=T, num_return_sequences=G,
-                                 pad_token_id=tok.pad_token_id)
+                out = m.generate(
+                    **enc, do_sample=True, max_new_tokens=T, num_return_sequences=G, pad_token_id=tok.pad_token_id
+                )
             outs.append(out)
             plen.append(enc["input_ids"].shape[1])
         t1 = time.perf_counter()
@@ -122,13 +128,24 @@ def run_trainer(args) -> dict:
 
     timer = StepTimer()
     cfg = MAGRPOConfig(
-        output_dir=str(ROOT / "outputs" / "bench"), num_agents=2, num_generations=args.num_generations,
-        max_new_tokens=args.max_new_tokens, rollout_buffer_size=P, learning_rate=1e-3, max_steps=total,
-        logging_steps=10_000, save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
-        advantage_normalization=False, max_grad_norm=0.0,
+        output_dir=str(ROOT / "outputs" / "bench"),
+        num_agents=2,
+        num_generations=args.num_generations,
+        max_new_tokens=args.max_new_tokens,
+        rollout_buffer_size=P,
+        learning_rate=1e-3,
+        max_steps=total,
+        logging_steps=10_000,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        advantage_normalization=False,
+        max_grad_norm=0.0,
     )
-    trainer = MAGRPOTrainer(agent_model=tiny_model_path(), reward_func=length_ratio_reward, args=cfg,
-                            train_dataset=data, callbacks=[timer])
+    trainer = MAGRPOTrainer(
+        agent_model=tiny_model_path(), reward_func=length_ratio_reward, args=cfg, train_dataset=data, callbacks=[timer]
+    )
     # time the steady state: reset the phase timers after warm-up
     warm = args.warmup
 
@@ -142,15 +159,17 @@ def run_trainer(args) -> dict:
     original = trainer._record_rollout_metrics
 
     def count_tokens(rollout, mode):
-        trainer._tokens_seen = getattr(trainer, "_tokens_seen", 0) + sum(s.completion_ids.numel()
-                                                                         for s in rollout.samples)
+        trainer._tokens_seen = getattr(trainer, "_tokens_seen", 0) + sum(
+            s.completion_ids.numel() for s in rollout.samples
+        )
         original(rollout, mode)
 
     trainer._record_rollout_metrics = count_tokens
     trainer.train()
     phases = dict(trainer._timings)
-    return _summary(f"MAGRPOTrainer ({P} prompt{'s' if P > 1 else ''}/step)", timer.times[warm:], P,
-                    trainer._tokens_seen, phases)
+    return _summary(
+        f"MAGRPOTrainer ({P} prompt{'s' if P > 1 else ''}/step)", timer.times[warm:], P, trainer._tokens_seen, phases
+    )
 
 
 def _summary(name, times, prompts_per_step, tokens, phases) -> dict:
@@ -193,39 +212,63 @@ def main(argv=None) -> dict:
     if args.mode != "all":
         _child(args)
         return {}
-    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
-              "--num_generations", str(args.num_generations), "--max_new_tokens", str(args.max_new_tokens)]
-    runs = [["--mode", "bare"], ["--mode", "trainer", "--prompts_per_step", "1"],
-            ["--mode", "trainer", "--prompts_per_step", str(args.batched_prompts)]]
+    common = [
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(args.threads),
+        "--num_generations",
+        str(args.num_generations),
+        "--max_new_tokens",
+        str(args.max_new_tokens),
+    ]
+    runs = [
+        ["--mode", "bare"],
+        ["--mode", "trainer", "--prompts_per_step", "1"],
+        ["--mode", "trainer", "--prompts_per_step", str(args.batched_prompts)],
+    ]
     results = []
     for extra in runs:
-        proc = subprocess.run([sys.executable, __file__, *extra, *common], capture_output=True, text=True,
-                              env={**os.environ}, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, __file__, *extra, *common], capture_output=True, text=True, env={**os.environ}, cwd=ROOT
+        )
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
             sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
             raise SystemExit(f"benchmark run {extra} failed")
-        results.append(json.loads(line[len("RESULT "):]))
+        results.append(json.loads(line[len("RESULT ") :]))
     bare = results[0]
     for r in results:
         r["s_per_step_vs_bare"] = r["s_per_step_mean"] / bare["s_per_step_mean"]
         r["prompts_per_s_vs_bare"] = r["prompts_per_s"] / bare["prompts_per_s"]
         r["peak_rss_vs_bare"] = r["peak_rss_mb"] / bare["peak_rss_mb"]
     report = {
-        "config": {"agents": 2, "num_generations": args.num_generations, "max_new_tokens": args.max_new_tokens,
-                   "model": "tiny llama v512 h64 i128 l2 a4", "threads": args.threads, "steps": args.steps},
+        "config": {
+            "agents": 2,
+            "num_generations": args.num_generations,
+            "max_new_tokens": args.max_new_tokens,
+            "model": "tiny llama v512 h64 i128 l2 a4",
+            "threads": args.threads,
+            "steps": args.steps,
+        },
         "results": results,
     }
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
-    print(f"{'configuration':38s} {'s/step':>8s} {'x bare':>7s} {'gen':>7s} {'update':>7s} {'prompts/s':>10s} "
-          f"{'x bare':>7s} {'tok/s':>8s} {'RSS MB':>7s}")
+    print(
+        f"{'configuration':38s} {'s/step':>8s} {'x bare':>7s} {'gen':>7s} {'update':>7s} {'prompts/s':>10s} "
+        f"{'x bare':>7s} {'tok/s':>8s} {'RSS MB':>7s}"
+    )
     for r in results:
         ph = r["phase_s_per_step"]
-        print(f"{r['name']:38s} {r['s_per_step_mean']:8.4f} {r['s_per_step_vs_bare']:7.2f} "
-              f"{ph.get('generation', 0):7.4f} {ph.get('update', 0):7.4f} {r['prompts_per_s']:10.1f} "
-              f"{r['prompts_per_s_vs_bare']:7.2f} {r['tokens_per_s']:8.0f} {r['peak_rss_mb']:7.0f}")
+        print(
+            f"{r['name']:38s} {r['s_per_step_mean']:8.4f} {r['s_per_step_vs_bare']:7.2f} "
+            f"{ph.get('generation', 0):7.4f} {ph.get('update', 0):7.4f} {r['prompts_per_s']:10.1f} "
+            f"{r['prompts_per_s_vs_bare']:7.2f} {r['tokens_per_s']:8.0f} {r['peak_rss_mb']:7.0f}"
+        )
     print(f"written to {out}")
     return report
 
