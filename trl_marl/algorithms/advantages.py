@@ -18,7 +18,9 @@ __all__ = [
     "tree_returns",
     "td_targets",
     "gae",
+    "linked_gae",
     "RunningMeanStd",
+    "popart_rescale",
 ]
 
 BASELINES = ("mean", "raw", "loo", "max")
@@ -176,6 +178,73 @@ def gae(
     return adv, adv + values
 
 
+def linked_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_index: torch.Tensor,
+    discount: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(lambda) over flattened steps that point to their successor (trajectories of different lengths).
+
+    Step s has reward `r_s`, value `V_s` and successor `next_s` (`-1`: the last collected step of its trajectory,
+    whether the last turn or an early end, which does not bootstrap):
+
+        delta_s = r_s + discount * V_{next_s} * [next_s >= 0] - V_s
+        A_s     = delta_s + discount * lam * [next_s >= 0] * A_{next_s}
+        V_hat_s = A_s + V_s
+
+    Returns `(advantages, value_targets)`, each `(S,)`. Successors must come later (`next_s > s`). With `lam=0`,
+    `A_s` is the one-step TD error and `V_hat_s` the TD target of `td_targets`; on one trajectory laid out in turn
+    order it equals `gae`.
+    """
+    rewards = rewards.to(torch.float32)
+    values = values.to(torch.float32)
+    next_index = next_index.to(torch.long)
+    S = rewards.shape[0]
+    if values.shape[0] != S or next_index.shape[0] != S:
+        raise ValueError(
+            f"rewards, values and next_index must have the same length, got {S}, {values.shape[0]}, "
+            f"{next_index.shape[0]}"
+        )
+    positions = torch.arange(S)
+    linked = next_index >= 0
+    if bool((next_index[linked] <= positions[linked]).any()) or bool((next_index >= S).any()):
+        raise ValueError("next_index must point to a later step (next_index[s] > s) or be -1")
+    adv = torch.zeros(S, dtype=torch.float32)
+    for s in reversed(range(S)):
+        nxt = int(next_index[s])
+        if nxt >= 0:
+            adv[s] = rewards[s] + discount * values[nxt] - values[s] + discount * lam * adv[nxt]
+        else:
+            adv[s] = rewards[s] - values[s]
+    return adv, adv + values
+
+
+def popart_rescale(
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    old_mean: float,
+    old_std: float,
+    new_mean: float,
+    new_std: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PopArt's "preserving outputs precisely" (van Hasselt et al., 2016) for a value head's last linear layer.
+
+    The layer predicts normalized values `y = w . x + b`, read out as `V = std * y + mean`. When the normalization
+    statistics move from `(old_mean, old_std)` to `(new_mean, new_std)`,
+
+        w' = w * old_std / new_std
+        b' = (old_std * b + old_mean - new_mean) / new_std
+
+    keeps every output unchanged: `new_std * (w' . x + b') + new_mean = old_std * (w . x + b) + old_mean`.
+    Returns the new `(weight, bias)`.
+    """
+    if old_std <= 0 or new_std <= 0:
+        raise ValueError(f"standard deviations must be > 0, got {old_std} and {new_std}")
+    return weight * (old_std / new_std), (old_std * bias + old_mean - new_mean) / new_std
+
+
 class RunningMeanStd:
     """Running mean and variance of value targets (Welford / parallel update), for value normalization.
 
@@ -202,6 +271,11 @@ class RunningMeanStd:
         self.mean += delta * b_count / total
         m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
         self.var, self.count = m2 / total, total
+
+    @property
+    def std(self) -> float:
+        """`sqrt(var + eps)`, the scale of `normalize`."""
+        return (self.var + self.eps) ** 0.5
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean) / (self.var + self.eps) ** 0.5

@@ -1,0 +1,1055 @@
+"""The actor-critic trainers: MAAC, IAC and MAPPO.
+
+Every trainer runs the agents jointly (one trajectory per task item in multi-turn runs, `num_generations = 1`),
+scores each joint action with the team reward, and trains critics beside the policies. They differ in their critics:
+
+| trainer | critic(s) | reads | TD error / advantage | actor update |
+|---|---|---|---|---|
+| `MAACTrainer` | ONE centralized critic | the agents' prompts joined as one text (+ completions for Q) | the SAME for every agent | `- logprob_sum(a_i) * delta` |
+| `IACTrainer` | one critic PER AGENT (separate model, or a value head on the actor) | the agent's own history (+ its completion for Q) | agent i's own | `- logprob_sum(a_i) * delta_i` |
+| `MAPPOTrainer` | one shared centralized critic, or one per agent reading the joint history | the joint text | GAE(lambda) | PPO clipped surrogate, `ppo_epochs` passes |
+
+The value stream of a critic turns a rollout into transitions (one per joint action: reward `r_t` minus the
+reference-KL penalty, successor `h_{t+1}` on the same trajectory), evaluates the critic on them once (no grad), and
+computes targets and advantages that stay FROZEN for the whole update:
+
+    delta_t = r_t + gamma * V(h_{t+1}) - V(h_t)        (no bootstrap on the last collected turn)
+
+Advantages are z-scored inside each (agent, turn) group when `advantage_normalization` is on. The team module
+(`ActorCriticTeam`) holds agents, critics and value heads, so one engine and one optimizer (a parameter group per
+agent and per critic) cover them, and one `forward` call per training step returns log-probs and values.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from transformers import PreTrainedModel
+from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.utils import disable_dropout_in_model
+
+from ..algorithms.advantages import RunningMeanStd, linked_gae, normalize_in_groups, popart_rescale, td_targets
+from ..algorithms.logprobs import sequence_logprobs
+from ..algorithms.losses import policy_gradient_loss, ppo_clip_loss, value_loss
+from ..models.value_head import (
+    CRITIC_TYPES,
+    VALUE_HEAD_WEIGHTS,
+    ActorCriticTeam,
+    CausalLMWithValueHead,
+    CriticBatch,
+    ValueHead,
+    check_critic_tokenizer,
+    collate_critic_batch,
+    hidden_size_of,
+    load_critics,
+    load_value_head,
+    save_value_head,
+)
+from ..rollout import Rollout
+from ..team import MODEL_CONFIG_KEYS, AgentBatch
+from .base import MultiAgentTrainer, _decay_groups, _load_agent_weights
+from .config import MultiAgentConfig
+
+__all__ = [
+    "ActorCriticConfig",
+    "ActorCriticTrainer",
+    "MAACConfig",
+    "MAACTrainer",
+    "IACConfig",
+    "IACTrainer",
+    "MAPPOConfig",
+    "MAPPOTrainer",
+    "Transitions",
+    "build_transitions",
+    "joint_critic_text",
+    "RATIO_LEVELS",
+]
+
+RATIO_LEVELS = ("token", "sequence")
+NORMALIZER_FILE = "value_normalizer.json"
+# model_config keys that shape or load the critics (the reference library's names); not passed to the agents
+CRITIC_MODEL_CONFIG_KEYS = ("critic_value_head_hidden_dim", "critic_model_kwargs")
+
+
+# ==================================================================================================== configs
+@dataclass
+class ActorCriticConfig(MultiAgentConfig):
+    r"""Fields shared by the actor-critic trainers (`MAACConfig`, `IACConfig`, `MAPPOConfig`).
+
+    All `MultiAgentConfig` fields, with these defaults changed: `num_generations=1` (one trajectory per item; more
+    than 1 is allowed only with `num_turns=1`) and `rollout_buffer_size=8`. A rollout of `rollout_buffer_size` items
+    gives `rollout_buffer_size * num_generations` samples per (agent, turn) group; the update uses every group,
+    including smaller ones (later turns of rollouts that ended early). `joint_mode` must be `"aligned"`.
+
+    Parameters:
+        critic_type: `"v"` for a state-value critic V(h) (read at the last prompt token), `"q"` for an action-value
+            critic Q(h, a) (read at the last completion token); in Q mode the bootstrap uses the sampled next action.
+        critic_learning_rate: learning rate of the separate critics' parameter groups; `None` uses
+            `agent_learning_rate` (or `learning_rate`).
+        value_loss_coef: weight of the critic loss in the total loss.
+        advantage_normalization: z-score the advantages (TD errors) inside each (agent, turn) group before the
+            update; a group of one sample, or of equal values, gets zero.
+        critic_value_head_hidden_dim: hidden size of the separate critics' value head (`None`: a linear head).
+        critic_devices: one device per critic (or one for all) in `parallel_training="mp"` mode, where separate
+            critics need it.
+    """
+
+    num_generations: int = field(
+        default=1, metadata={"help": "Completions per agent per prompt (must be 1 when num_turns > 1)."}
+    )
+    rollout_buffer_size: int = field(default=8, metadata={"help": "Task items rolled out together per process."})
+    critic_type: str = field(
+        default="v", metadata={"help": "'v' for V(h), 'q' for Q(h, a).", "choices": list(CRITIC_TYPES)}
+    )
+    critic_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of the separate critics; None uses the agents' rate."}
+    )
+    value_loss_coef: float = field(default=0.6, metadata={"help": "Weight of the critic loss."})
+    advantage_normalization: bool = field(
+        default=True, metadata={"help": "Z-score advantages inside each (agent, turn) group."}
+    )
+    critic_value_head_hidden_dim: int | None = field(
+        default=None, metadata={"help": "Hidden size of the separate critics' value head; None = linear."}
+    )
+    critic_devices: list[str] | None = field(
+        default=None, metadata={"help": "One device per critic (or one for all) in 'mp' mode."}
+    )
+
+    @property
+    def uses_separate_critics(self) -> bool:
+        """Whether the critics are models of their own (they then need `critic_devices` in `mp` mode)."""
+        return True
+
+    @property
+    def num_critics(self) -> int:
+        """How many critics (value streams) the trainer trains."""
+        return 1
+
+    def _validate_multi_agent(self) -> None:
+        super()._validate_multi_agent()
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(
+            self.critic_type in CRITIC_TYPES,
+            f"critic_type must be 'v' (V(h)) or 'q' (Q(h, a)), got {self.critic_type!r}",
+        )
+        need(
+            self.num_turns == 1 or self.num_generations == 1,
+            f"num_turns={self.num_turns} needs num_generations=1: actor-critic trainers follow one trajectory per "
+            f"item, got num_generations={self.num_generations}",
+        )
+        need(
+            self.joint_mode == "aligned",
+            "actor-critic trainers need joint_mode='aligned' (each sample belongs to exactly one joint action and "
+            f"gets one TD error), got {self.joint_mode!r}",
+        )
+        need(self.value_loss_coef >= 0, f"value_loss_coef must be >= 0, got {self.value_loss_coef}")
+        need(
+            self.critic_learning_rate is None or self.critic_learning_rate >= 0,
+            f"critic_learning_rate must be None or >= 0, got {self.critic_learning_rate}",
+        )
+        need(
+            self.critic_value_head_hidden_dim is None or self.critic_value_head_hidden_dim >= 1,
+            f"critic_value_head_hidden_dim must be None or >= 1, got {self.critic_value_head_hidden_dim}",
+        )
+        if self.parallel_training == "mp" and self.uses_separate_critics:
+            need(
+                bool(self.critic_devices),
+                "parallel_training='mp' needs critic_devices (one device per critic, or one for all) for the "
+                "separate critics",
+            )
+        if self.critic_devices is not None:
+            need(
+                len(self.critic_devices) in (1, self.num_critics),
+                f"critic_devices has {len(self.critic_devices)} entries; give 1 or one per critic ({self.num_critics})",
+            )
+
+
+@dataclass
+class MAACConfig(ActorCriticConfig):
+    r"""Configuration of `MAACTrainer` (multi-agent actor-critic with ONE centralized critic).
+
+    All `ActorCriticConfig` fields, plus:
+
+    Parameters:
+        critic_max_length: the centralized critic's input (every agent's prompt, plus the completions in Q mode) is
+            truncated to this many tokens from the left (the end, where the value is read, is kept); `None` keeps
+            it whole.
+
+    There is no `value_clip_range`: MAAC's critic uses the unclipped squared error, and its actors no ratio.
+    """
+
+    critic_max_length: int | None = field(
+        default=None, metadata={"help": "Truncate the joint critic input to this many tokens (from the left)."}
+    )
+
+    def _validate_multi_agent(self) -> None:
+        super()._validate_multi_agent()
+        if self.critic_max_length is not None and self.critic_max_length < 1:
+            raise ValueError(f"critic_max_length must be None or >= 1, got {self.critic_max_length}")
+
+
+@dataclass
+class IACConfig(ActorCriticConfig):
+    r"""Configuration of `IACTrainer` (independent actor-critic: one critic per agent over its own history).
+
+    All `ActorCriticConfig` fields, plus:
+
+    Parameters:
+        use_separate_critic: `True`: each agent's critic is a separate model (`critic_model` / `critics`, by default
+            a separately loaded copy of the agent's model), trained with the unclipped squared error at
+            `critic_learning_rate`. `False`: a value head on each actor's backbone, trained with the actor on
+            `actor_loss + value_loss_coef * critic_loss` at `agent_learning_rate`.
+        value_clip_range: PPO-style value clipping `eps` in shared-model mode (`use_separate_critic=False`);
+            `None` disables it. Setting it with separate critics is an error (they do not clip).
+        value_head_hidden_dim: hidden size of the value heads on the actors in shared-model mode (`None`: linear).
+    """
+
+    use_separate_critic: bool = field(
+        default=True, metadata={"help": "Separate critic models (True) or value heads on the actors (False)."}
+    )
+    value_clip_range: float | None = field(
+        default=None, metadata={"help": "Value clipping eps in shared-model mode; None disables."}
+    )
+    value_head_hidden_dim: int | None = field(
+        default=None, metadata={"help": "Hidden size of the value heads on the actors; None = linear."}
+    )
+
+    @property
+    def uses_separate_critics(self) -> bool:
+        return self.use_separate_critic
+
+    @property
+    def num_critics(self) -> int:
+        return self.num_agents
+
+    def _validate_multi_agent(self) -> None:
+        super()._validate_multi_agent()
+        if self.value_clip_range is not None:
+            if self.use_separate_critic:
+                raise ValueError(
+                    "value_clip_range applies only in shared-model mode (use_separate_critic=False); separate "
+                    "critics use the unclipped squared error. Set value_clip_range=None or use_separate_critic=False"
+                )
+            if self.value_clip_range <= 0:
+                raise ValueError(f"value_clip_range must be None or > 0, got {self.value_clip_range}")
+        if self.value_head_hidden_dim is not None and self.value_head_hidden_dim < 1:
+            raise ValueError(f"value_head_hidden_dim must be None or >= 1, got {self.value_head_hidden_dim}")
+
+
+@dataclass
+class MAPPOConfig(MAACConfig):
+    r"""Configuration of `MAPPOTrainer` (multi-agent PPO with a centralized value function).
+
+    All `MAACConfig` fields, plus:
+
+    Parameters:
+        ppo_epochs: optimisation passes over each rollout (each pass takes `rollout_buffer_size / train_batch_size`
+            steps, on minibatches reshuffled every pass).
+        clip_range: `eps` of the clipped surrogate, `min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)`.
+        ratio_level: `"token"`: one ratio per completion token (the surrogate is averaged over the minibatch's
+            completion tokens); `"sequence"`: one ratio per completion, `exp(logprob_sum - old_logprob_sum)`
+            (averaged over completions).
+        gae_lambda: lambda of GAE across turns (`0`: one-step TD errors; `1`: Monte Carlo returns minus values).
+        value_clip_range: value clipping `eps` around the rollout-time prediction; `None` disables.
+        value_normalization: the critic predicts targets normalized by a running mean / std of all targets seen
+            (saved with the critic); advantages use the de-normalized values.
+        popart: with value normalization, rescale the value head's last layer whenever the statistics change so that
+            its de-normalized outputs are preserved (PopArt); not available under DeepSpeed.
+        shared_critic: `True`: one centralized critic for the team (team reward, the same advantage for every agent);
+            `False`: one critic per agent, each reading the JOINT history and learning that agent's reward (the
+            CTDE critic of MADDPG).
+    """
+
+    ppo_epochs: int = field(default=2, metadata={"help": "Optimisation passes over each rollout."})
+    clip_range: float = field(default=0.2, metadata={"help": "PPO ratio clipping eps."})
+    ratio_level: str = field(
+        default="token",
+        metadata={"help": "Policy ratio per 'token' or per 'sequence'.", "choices": list(RATIO_LEVELS)},
+    )
+    gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda across turns."})
+    value_clip_range: float | None = field(default=0.2, metadata={"help": "Value clipping eps; None disables."})
+    value_normalization: bool = field(
+        default=True, metadata={"help": "Normalize value targets with a running mean / std."}
+    )
+    popart: bool = field(default=False, metadata={"help": "PopArt: preserve outputs when the statistics change."})
+    shared_critic: bool = field(
+        default=True, metadata={"help": "One shared critic (True) or one per agent on the joint history (False)."}
+    )
+
+    @property
+    def num_critics(self) -> int:
+        return 1 if self.shared_critic else self.num_agents
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Training steps per rollout: `ppo_epochs * rollout_buffer_size / train_batch_size`."""
+        return self.ppo_epochs * super().steps_per_rollout
+
+    def _validate_multi_agent(self) -> None:
+        super()._validate_multi_agent()
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        need(self.ppo_epochs >= 1, f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        need(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}")
+        need(
+            self.ratio_level in RATIO_LEVELS,
+            f"ratio_level must be one of {list(RATIO_LEVELS)}, got {self.ratio_level!r}",
+        )
+        need(0.0 <= self.gae_lambda <= 1.0, f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
+        need(
+            self.value_clip_range is None or self.value_clip_range > 0,
+            f"value_clip_range must be None or > 0, got {self.value_clip_range}",
+        )
+        need(not self.popart or self.value_normalization, "popart=True needs value_normalization=True")
+
+
+# ==================================================================================================== transitions
+@dataclass
+class Transitions:
+    """The steps of a rollout seen by one value stream: one step per joint action `(node, j)`, in node order.
+
+    Every stream of a rollout has the same steps in the same order (so agent i's samples, listed node by node,
+    line up with them); streams differ only in their rewards. A step's successor is the joint action of the next
+    turn on the same trajectory (`next_index > index`), or -1 for the last collected turn.
+    """
+
+    node: list[int]
+    joint: list[int]
+    item: list[int]
+    turn: list[int]
+    rewards: torch.Tensor  # (S,) reward minus reference-KL penalty
+    next_index: torch.Tensor  # (S,) long; -1: no successor, no bootstrap
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+    @property
+    def has_next(self) -> torch.Tensor:
+        return self.next_index >= 0
+
+
+def build_transitions(rollout: Rollout, agent: int | None = None) -> Transitions:
+    """Turn a rollout into the transitions of one value stream.
+
+    The reward of step `(node, j)` is
+
+        r = r_{j,i} - penalty_i                     for the stream of agent i (`agent=i`)
+        r = mean_i ( r_{j,i} - penalty_i )          for the team stream (`agent=None`)
+
+    where `r_{j,i}` is the processed reward of joint action j (the shared reward, or agent i's entry of per-agent
+    rewards) and `penalty_i` the reference-KL penalty of agent i's sample in it. The successor is the first joint
+    action of the child node that joint action j spawned (one trajectory per item: the child has one joint action).
+    """
+    n = rollout.num_agents
+    index: dict[tuple[int, int], int] = {}
+    nodes, joints, items, turns, rewards = [], [], [], [], []
+    for node in rollout.nodes:
+        J = len(node.joint)
+        r = node.rewards if node.rewards.ndim == 2 else node.rewards.unsqueeze(1).expand(J, n)
+        for j, ks in enumerate(node.joint):
+            pens = torch.tensor([rollout.samples[node.samples[a][k]].penalty for a, k in enumerate(ks)])
+            shaped = r[j].to(torch.float32) - pens
+            index[(node.id, j)] = len(nodes)
+            nodes.append(node.id)
+            joints.append(j)
+            items.append(node.item)
+            turns.append(node.turn)
+            rewards.append(shaped.mean() if agent is None else shaped[agent])
+    next_index = torch.full((len(nodes),), -1, dtype=torch.long)
+    for s, (nid, j) in enumerate(zip(nodes, joints)):
+        child = rollout.nodes[nid].children.get(j)
+        if child is not None:
+            if len(rollout.nodes[child].joint) != 1:
+                raise ValueError("actor-critic transitions need one joint action per node after the first turn")
+            next_index[s] = index[(child, 0)]
+    return Transitions(nodes, joints, items, turns, torch.stack(rewards) if rewards else torch.zeros(0), next_index)
+
+
+def joint_critic_text(prompts: Sequence[str], completions: Sequence[str] | None = None) -> str:
+    """The centralized critic's input text: every agent's prompt, tagged, plus the joint action for a Q critic.
+
+    [Agent 1] <prompt of agent 1>
+    [Agent 2] <prompt of agent 2>
+    [Joint Action]                       (Q critics only, followed by the completions)
+    [Agent 1] <completion of agent 1>
+    [Agent 2] <completion of agent 2>
+    """
+    lines = [f"[Agent {i + 1}] {p}" for i, p in enumerate(prompts)]
+    if completions is not None:
+        lines.append("[Joint Action]")
+        lines += [f"[Agent {i + 1}] {c}" for i, c in enumerate(completions)]
+    return "\n".join(lines)
+
+
+@dataclass
+class ValueStream:
+    """One critic's value estimates and the agents whose advantages they give.
+
+    `module` indexes `team.critics` (a separate critic) or is None (the value head on agent `agents[0]`).
+    `reward_agent` is None for the team reward. `joint` critics read the joint text, the others the agent's own
+    tokens.
+    """
+
+    name: str
+    agents: list[int]
+    reward_agent: int | None
+    joint: bool
+    module: int | None
+
+
+@dataclass
+class CriticData:
+    """What a rollout leaves for its update, frozen: per stream, the critic inputs, rollout-time predictions and
+    targets (in the critic's output space); per agent, the (normalized) advantages and, for PPO, the rollout-time
+    token log-probs. Indexed by step (see `Transitions`)."""
+
+    items: list[int]
+    targets: list[torch.Tensor]
+    old_values: list[torch.Tensor]
+    critic_inputs: list[list[torch.Tensor] | None]
+    advantages: list[torch.Tensor]
+    old_logprobs: list[list[torch.Tensor]] | None = None
+
+
+_AGENT_COPY = object()  # IAC default critic source: a separately loaded copy of the agent's own model
+
+
+# ==================================================================================================== trainers
+class ActorCriticTrainer(MultiAgentTrainer):
+    """Base of the actor-critic trainers: critics inside the team, frozen TD targets, (agent, turn) groups.
+
+    Arguments as `MultiAgentTrainer`, plus:
+        critic_model: the critic source broadcast to every critic: a model id / path (loaded once per critic:
+            independent parameters), a causal LM object or a `CausalLMWithValueHead` (ONE object broadcast: the
+            critics share its parameters).
+        critics: a list of critic sources, one per critic (ids, model objects; the same object twice is shared).
+
+    `reward_func` may return one float per joint action (shared) or one list of `num_agents` floats (per agent).
+    """
+
+    baseline = None
+    supports_per_agent_rewards = True
+    config_class = ActorCriticConfig
+    joint_critic = True  # the critics read the joint text (MAAC, MAPPO) rather than each agent's tokens (IAC)
+    critic_loss_per_agent_batch = False  # MAAC: the shared critic is updated with each agent's batch in turn
+    needs_old_logprobs = False  # PPO ratios
+
+    def __init__(
+        self,
+        agent_model: str | PreTrainedModel | None = None,
+        agents: Sequence[str | PreTrainedModel] | None = None,
+        reward_func: Callable[..., Any] | None = None,
+        args: ActorCriticConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        tokenizer: Any = None,
+        formatters: Callable | Sequence[Callable] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        external_transition: Callable[..., Any] | None = None,
+        model_config: Any = None,
+        metrics_callback: Callable[[list[dict]], dict] | None = None,
+        wandb_config: dict | None = None,
+        critic_model: str | PreTrainedModel | CausalLMWithValueHead | None = None,
+        critics: Sequence[str | PreTrainedModel | CausalLMWithValueHead] | None = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+    ):
+        if args is None:
+            args = self.config_class(output_dir=f"{self._name.lower()}-output")
+        elif not isinstance(args, self.args_class or self.config_class):
+            raise TypeError(
+                f"args must be a {(self.args_class or self.config_class).__name__}, got {type(args).__name__}"
+            )
+        model_config, self._critic_loading = _split_model_config(model_config, args)
+        if critic_model is not None and critics is not None:
+            raise ValueError("pass either critic_model (broadcast to every critic) or critics (a list), not both")
+        if critics is not None and not isinstance(critics, (list, tuple)):
+            raise TypeError(f"critics must be a list of critic sources, got {type(critics).__name__}")
+        self._critic_sources = self._resolve_critic_sources(
+            args, critic_model, None if critics is None else list(critics)
+        )
+        n = args.num_agents
+        self._agent_sources = [agent_model] * n if agents is None else list(agents)
+        self._critic_data: CriticData | None = None
+        self.streams: list[ValueStream] = []
+        self._critic_names: list[str] = []
+        self._normalizers: list[RunningMeanStd] | None = None
+        super().__init__(
+            agent_model=agent_model,
+            agents=agents,
+            reward_func=reward_func,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            tokenizer=tokenizer,
+            formatters=formatters,
+            reward_processor=reward_processor,
+            external_transition=external_transition,
+            model_config=model_config,
+            metrics_callback=metrics_callback,
+            wandb_config=wandb_config,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        if args.parallel_training == "mp":  # the Trainer may have moved the team: put critics / heads back
+            team = self.team
+            for k, critic in enumerate(team.critics):
+                critic.to(self._critic_device(k))
+            if team.value_heads is not None:
+                for i, head in enumerate(team.value_heads):
+                    head.to(self.agent_device(i))
+        self._after_init()
+
+    # ------------------------------------------------------------------ hooks
+    def _resolve_critic_sources(self, args, critic_model: Any, critics: list | None) -> list | None:
+        """One critic source per value stream (validated, nothing loaded), or None for value heads."""
+        if critic_model is None and critics is None:
+            raise ValueError(
+                f"{type(self).__name__} needs a critic: pass critic_model (a model id / path or a model object) or "
+                "critics=[...]"
+            )
+        count = args.num_critics
+        if critics is not None:
+            if len(critics) != count:
+                raise ValueError(self._critics_length_message(args, len(critics)))
+            return critics
+        return [critic_model] * count
+
+    def _critics_length_message(self, args, got: int) -> str:
+        return f"critics has {got} entries but {type(self).__name__} trains {args.num_critics} critic(s)"
+
+    def _after_init(self) -> None:
+        """Trainer-specific setup once the Trainer is built."""
+
+    def _advantages(self, trans: Transitions, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One-step TD: `(delta, target)` with `target = r_t + gamma * V(h_{t+1})` (or `r_t` on the last turn)."""
+        next_values = values[trans.next_index.clamp(min=0)] if len(trans) else values
+        targets = td_targets(trans.rewards, next_values, trans.has_next, self.args.discount)
+        return targets - values, targets
+
+    def _value_clip_range(self, stream: ValueStream) -> float | None:
+        return None
+
+    def _actor_loss(
+        self, i: int, logp: torch.Tensor, batch: AgentBatch, adv: torch.Tensor, data: CriticData, rows: list[int]
+    ) -> torch.Tensor:
+        """`- mean_j( logprob_sum(a_j) * A_j )`: no importance ratio, no clipping."""
+        seq = sequence_logprobs(logp, batch.completion_mask.to(logp.device))
+        self._metrics["train"][f"agent_{i + 1}/logprob_mean"].append(seq.detach().mean().item())
+        return policy_gradient_loss(seq, adv.to(logp.device))
+
+    def _update_chunks(self, num_items: int) -> list[list[int]]:
+        """The item indices of each training step on one rollout (minibatches of `train_batch_size`)."""
+        per = self.args.train_batch_size or num_items
+        return [list(range(m * per, (m + 1) * per)) for m in range(num_items // per)]
+
+    # ------------------------------------------------------------------ the team
+    def _build_team(self, models, names, args) -> ActorCriticTeam:
+        sources = self._critic_sources
+        if sources is None:  # value heads on the actors
+            heads = [ValueHead(hidden_size_of(m), args.value_head_hidden_dim) for m in models]
+            self.streams = [ValueStream(f"agent_{i + 1}", [i], i, False, None) for i in range(len(models))]
+            return ActorCriticTeam(models, names, value_heads=heads, critic_type=args.critic_type)
+        resolved, own_copy = [], []
+        for s, src in enumerate(sources):
+            own_copy.append(src is _AGENT_COPY)
+            if src is _AGENT_COPY:
+                agent_src = self._agent_sources[s]
+                src = str(agent_src) if isinstance(agent_src, (str, os.PathLike)) else copy.deepcopy(models[s])
+            resolved.append(src)
+        modules, index, cnames = load_critics(resolved, args.critic_value_head_hidden_dim, self._critic_loading)
+        self._critic_names = [cnames[index.index(k)] for k in range(len(modules))]
+        n = len(models)
+        if len(resolved) == 1:
+            self.streams = [ValueStream("critic", list(range(n)), None, self.joint_critic, 0)]
+        else:
+            self.streams = [
+                ValueStream(f"critic_{s + 1}", [s], s, self.joint_critic, index[s]) for s in range(len(resolved))
+            ]
+        for s, stream in enumerate(self.streams):
+            if own_copy[s]:
+                continue
+            module = modules[stream.module]
+            name = cnames[s]
+            if self.joint_critic:
+                label = (
+                    f"the centralized critic ({name!r})" if len(self.streams) == 1 else f"critic {s + 1} ({name!r})"
+                )
+                reader = "agent 1 (the joint critic input is tokenized with the first agent's tokenizer)"
+                tok = self.tokenizers[0]
+            else:
+                label, reader, tok = f"critic {s + 1} ({name!r})", f"agent {s + 1}", self.tokenizers[s]
+            check_critic_tokenizer(module, resolved[s], tok, label, reader)
+        if args.disable_dropout:
+            for m in modules:
+                disable_dropout_in_model(m)
+        team = ActorCriticTeam(models, names, critics=modules, critic_type=args.critic_type)
+        if args.parallel_training == "mp":
+            for k, m in enumerate(modules):
+                m.to(self._critic_device(k, args))
+            team._critic_device_map = {f"critics.{k}": self._critic_device(k, args) for k in range(len(modules))}
+        return team
+
+    def _critic_device(self, k: int, args: ActorCriticConfig | None = None) -> str:
+        """The device of critic module k in `mp` mode (the device of the first critic it serves)."""
+        devs = (args or self.args).critic_devices
+        first = next(s for s, st in enumerate(self.streams) if st.module == k)
+        return devs[0] if len(devs) == 1 else devs[first]
+
+    def _critic_tokenizer(self, k: int):
+        """The tokenizer whose ids critic k reads."""
+        stream = next(st for st in self.streams if st.module == k)
+        return self.tokenizers[0] if stream.joint else self.tokenizers[stream.agents[0]]
+
+    def _critic_learning_rate(self) -> float:
+        lr = self.args.critic_learning_rate
+        return self._agent_learning_rate(0) if lr is None else lr
+
+    def _extra_param_groups(self, team, decay: set[str]) -> list[dict]:
+        """One group per separate critic at `critic_learning_rate`; value heads at their agent's learning rate."""
+        groups: list[dict] = []
+        wd = self.args.weight_decay
+        for k, critic in enumerate(team.critics):
+            named = [(f"critics.{k}.{name}", p) for name, p in critic.named_parameters() if p.requires_grad]
+            label = "critic" if len(team.critics) == 1 else f"critic_{k + 1}"
+            groups += _decay_groups(named, decay, wd, self._critic_learning_rate(), label)
+        if team.value_heads is not None:
+            for i, head in enumerate(team.value_heads):
+                named = [(f"value_heads.{i}.{name}", p) for name, p in head.named_parameters() if p.requires_grad]
+                groups += _decay_groups(named, decay, wd, self._agent_learning_rate(i), f"value_head_{i + 1}")
+        return groups
+
+    def _record_grad_norms(self) -> None:
+        """Per-agent gradient norms (base class), plus one per critic and value head."""
+        super()._record_grad_norms()
+        if self.is_deepspeed_enabled:
+            return
+        team = self.team
+        named = [(self._critic_folder(k), c) for k, c in enumerate(team.critics)]
+        named += [(f"value_head_{i + 1}", h) for i, h in enumerate(team.value_heads or [])]
+        for name, module in named:
+            grads = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+            if grads:
+                self._metrics["train"][f"{name}/grad_norm"].append(torch.stack(grads).norm().item())
+
+    # ------------------------------------------------------------------ rollout: frozen targets and advantages
+    def _assign_returns(self, rollout: Rollout) -> None:
+        super()._assign_returns(rollout)  # returns and the undiscounted reward-to-go (for expected_return)
+        self._critic_data = self._critic_targets(rollout)
+
+    def _rollout_step(self, items: list[dict]) -> list[dict]:
+        inputs = super()._rollout_step(items)
+        data, self._critic_data = self._critic_data, None
+        rollout = inputs[0]["rollout"]
+        return [{"rollout": rollout, "items": chunk, "critic": data} for chunk in self._update_chunks(len(items))]
+
+    def _stream_inputs(self, rollout: Rollout, trans: Transitions, stream: ValueStream) -> list[torch.Tensor] | None:
+        """Per step, the token ids a separate critic reads (None for value heads)."""
+        if stream.module is None:
+            return None
+        q = self.args.critic_type == "q"
+        out = []
+        if stream.joint:
+            texts = []
+            for nid, j in zip(trans.node, trans.joint):
+                node = rollout.nodes[nid]
+                ks = node.joint[j]
+                completions = [rollout.samples[node.samples[a][k]].completion for a, k in enumerate(ks)] if q else None
+                texts.append(joint_critic_text(node.prompts, completions))
+            tok = self.tokenizers[0]
+            limit = getattr(self.args, "critic_max_length", None)
+            for ids in tok(texts, add_special_tokens=True)["input_ids"]:
+                ids = ids[-limit:] if limit is not None else ids
+                out.append(torch.tensor(ids, dtype=torch.long))
+            return out
+        a = stream.agents[0]
+        for nid, j in zip(trans.node, trans.joint):
+            node = rollout.nodes[nid]
+            sample = rollout.samples[node.samples[a][node.joint[j][a]]]
+            out.append(torch.cat([sample.prompt_ids, sample.completion_ids]) if q else sample.prompt_ids.clone())
+        return out
+
+    def _critic_batches(
+        self, inputs: list[list[torch.Tensor] | None], rows: Sequence[int]
+    ) -> tuple[list[CriticBatch | None] | None, list[tuple[int, int, int] | None]]:
+        """Batch the rows of every stream per critic module; `where[s] = (module, start, end)` in its output."""
+        team = self.team
+        per_module: list[list[torch.Tensor]] = [[] for _ in team.critics]
+        where: list[tuple[int, int, int] | None] = []
+        for s, stream in enumerate(self.streams):
+            if stream.module is None:
+                where.append(None)
+                continue
+            seqs = [inputs[s][r] for r in rows]
+            start = len(per_module[stream.module])
+            per_module[stream.module].extend(seqs)
+            where.append((stream.module, start, start + len(seqs)))
+        if not team.critics:
+            return None, where
+        batches = [
+            collate_critic_batch(seqs, self._critic_tokenizer(k).pad_token_id) if seqs else None
+            for k, seqs in enumerate(per_module)
+        ]
+        return batches, where
+
+    def _stream_values(self, out: dict, where, s: int) -> torch.Tensor:
+        stream = self.streams[s]
+        if stream.module is None:
+            return out["values"][stream.agents[0]]
+        k, a, b = where[s]
+        return out["critic_values"][k][a:b]
+
+    @torch.no_grad()
+    def _critic_targets(self, rollout: Rollout) -> CriticData:
+        """Evaluate the critics on the rollout (ONE team call, no grad) and freeze targets and advantages."""
+        n = self.num_agents
+        trans = [build_transitions(rollout, st.reward_agent) for st in self.streams]
+        S = len(trans[0])
+        inputs = [self._stream_inputs(rollout, trans[s], st) for s, st in enumerate(self.streams)]
+        heads = self.team.value_heads is not None
+        agent_batches = [
+            self.agent_batch(i, rollout.samples_of_agent(i)) if heads or self.needs_old_logprobs else None
+            for i in range(n)
+        ]
+        critic_batches, where = self._critic_batches(inputs, range(S))
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as team:
+            out = team(agent_batches, critic_batches)
+        raw = [self._stream_values(out, where, s).detach().float().cpu() for s in range(len(self.streams))]
+
+        # values in reward units -> advantages and targets (frozen for the update)
+        norms = self._normalizers
+        values = [norms[st.module].denormalize(raw[s]) if norms else raw[s] for s, st in enumerate(self.streams)]
+        advs, targets = zip(*(self._advantages(trans[s], values[s]) for s in range(len(self.streams))))
+        old_values, fit_targets = list(raw), list(targets)
+        if norms:
+            old_values, fit_targets = self._normalize_targets(values, raw, list(targets))
+
+        # per agent: its stream's advantage of each of its samples, normalized inside (agent, turn) groups
+        turns = torch.tensor(trans[0].turn)
+        stream_of = {i: s for s, st in enumerate(self.streams) for i in st.agents}
+        advantages = []
+        m = self._metrics["train"]
+        for i in range(n):
+            adv = advs[stream_of[i]].clone()
+            m[f"agent_{i + 1}/td_error_mean"].append(adv.mean().item() if S else 0.0)
+            if self.args.advantage_normalization:
+                adv = normalize_in_groups(adv, turns)
+            m[f"agent_{i + 1}/advantage_std"].append(adv.std(unbiased=False).item() if S else 0.0)
+            for sample, a in zip(rollout.samples_of_agent(i), adv.tolist()):
+                sample.advantage = a
+            advantages.append(adv)
+        for s, st in enumerate(self.streams):
+            m[f"{st.name}/value_mean"].append(values[s].mean().item() if S else 0.0)
+            m[f"{st.name}/target_mean"].append(targets[s].mean().item() if S else 0.0)
+
+        old_logprobs = None
+        if self.needs_old_logprobs:
+            old_logprobs = []
+            for i in range(n):
+                lp, mask = out["logprobs"][i].detach().float().cpu(), agent_batches[i].completion_mask
+                old_logprobs.append([lp[r, : int(mask[r].sum())] for r in range(lp.shape[0])])
+        return CriticData(list(trans[0].item), fit_targets, old_values, inputs, advantages, old_logprobs)
+
+    def _normalize_targets(self, values, raw, targets):
+        """Value normalization (MAPPO): update each critic's running statistics with its targets (those of every
+        process), optionally rescale the head (PopArt), and express targets and rollout-time predictions in the
+        critic's output space."""
+        norms = self._normalizers
+        team = self.team
+        for k, rms in enumerate(norms):
+            streams = [s for s, st in enumerate(self.streams) if st.module == k]
+            old_mean, old_std = rms.mean, rms.std
+            batch = torch.cat([targets[s] for s in streams])
+            if self.accelerator.num_processes > 1:  # identical statistics (and PopArt rescales) on every process
+                batch = torch.tensor([v for part in gather_object([batch.tolist()]) for v in part])
+            rms.update(batch)
+            if self.args.popart:
+                out_layer = team.critics[k].value_head.out
+                w, b = popart_rescale(out_layer.weight.data, out_layer.bias.data, old_mean, old_std, rms.mean, rms.std)
+                out_layer.weight.data.copy_(w)
+                out_layer.bias.data.copy_(b)
+        old_values, fit = [], []
+        for s, st in enumerate(self.streams):
+            rms = norms[st.module]
+            old_values.append(rms.normalize(values[s]) if self.args.popart else raw[s])
+            fit.append(rms.normalize(targets[s]))
+        return old_values, fit
+
+    # ------------------------------------------------------------------ the update
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Actor losses plus `value_loss_coef` times the critic losses, from ONE team forward call.
+
+        The targets and advantages come frozen from the rollout; each agent's loss touches only its own parameters,
+        each critic loss only its critic (and, for value heads, the actor's backbone).
+        """
+        rollout, items, data = inputs["rollout"], inputs["items"], inputs["critic"]
+        keep = set(items)
+        rows = [s for s, it in enumerate(data.items) if it in keep]
+        rows_t = torch.tensor(rows, dtype=torch.long)
+        nodes = rollout.nodes_of_items(items)
+        batches = [self.agent_batch(i, rollout.samples_of_agent(i, nodes)) for i in range(self.num_agents)]
+        critic_batches, where = self._critic_batches(data.critic_inputs, rows)
+        out = model(batches, critic_batches=critic_batches)
+        m = self._metrics["train"]
+        losses = []
+        for i in range(self.num_agents):
+            logp = out["logprobs"][i]
+            loss_i = self._actor_loss(i, logp, batches[i], data.advantages[i][rows_t], data, rows)
+            losses.append(loss_i)
+            m[f"agent_{i + 1}/loss"].append(loss_i.item())
+        for s, stream in enumerate(self.streams):
+            values = self._stream_values(out, where, s)
+            targets = data.targets[s][rows_t].to(values.device)
+            old = data.old_values[s][rows_t].to(values.device)
+            vl = value_loss(values, targets, old, self._value_clip_range(stream))
+            m[f"{stream.name}/value_loss"].append(vl.item())
+            weight = self.args.value_loss_coef * (len(stream.agents) if self.critic_loss_per_agent_batch else 1)
+            losses.append(weight * vl)
+        device = losses[0].device
+        return sum(loss.to(device) for loss in losses)
+
+    # ------------------------------------------------------------------ saving
+    def _critic_folder(self, k: int) -> str:
+        return "critic" if len(self.team.critics) == 1 else f"critic_{k + 1}"
+
+    def _save_extra(self, output_dir: str, state_dict: dict) -> None:
+        """`critic/` (one critic) or `critic_1/ ... critic_n/`, each a `CausalLMWithValueHead` folder with the
+        tokenizer it reads (and `value_normalizer.json` under value normalization); value heads on the actors go
+        into `agent_i/value_head.safetensors`."""
+        team = self.team
+        for k, critic in enumerate(team.critics):
+            prefix = f"critics.{k}."
+            sub = {key[len(prefix) :]: v for key, v in state_dict.items() if key.startswith(prefix)}
+            folder = os.path.join(output_dir, self._critic_folder(k))
+            critic.save_pretrained(folder, state_dict=sub or None, tokenizer=self._critic_tokenizer(k))
+            if self._normalizers is not None:
+                with open(os.path.join(folder, NORMALIZER_FILE), "w", encoding="utf-8") as f:
+                    json.dump(self._normalizers[k].state_dict(), f, indent=2)
+        if team.value_heads is not None:
+            for i, head in enumerate(team.value_heads):
+                prefix = f"value_heads.{i}."
+                sub = {key[len(prefix) :]: v for key, v in state_dict.items() if key.startswith(prefix)}
+                save_value_head(head, os.path.join(output_dir, f"agent_{i + 1}"), sub or None)
+
+    def _load_extra(self, checkpoint: str, team) -> None:
+        """Restore what `_save_extra` wrote (critics, value heads, value-normalization statistics)."""
+        from safetensors.torch import load_file
+
+        for k, critic in enumerate(team.critics):
+            folder = os.path.join(checkpoint, self._critic_folder(k))
+            _load_agent_weights(critic.model, folder)
+            critic.value_head.load_state_dict(load_value_head(folder).state_dict())
+            norm_file = os.path.join(folder, NORMALIZER_FILE)
+            if self._normalizers is not None and os.path.isfile(norm_file):
+                with open(norm_file, encoding="utf-8") as f:
+                    self._normalizers[k].load_state_dict(json.load(f))
+        if team.value_heads is not None:
+            for i, head in enumerate(team.value_heads):
+                folder = os.path.join(checkpoint, f"agent_{i + 1}")
+                head.load_state_dict(load_file(os.path.join(folder, VALUE_HEAD_WEIGHTS)))
+
+    def _team_description(self) -> dict:
+        desc = super()._team_description()
+        desc["critic_type"] = self.args.critic_type
+        team = self.team
+        desc["critics"] = [
+            {
+                "folder": self._critic_folder(k),
+                "source": self._critic_names[k],
+                "reads": "joint prompts" if self.joint_critic else "its agent's own history",
+                "serves_agents": sorted({i + 1 for st in self.streams if st.module == k for i in st.agents}),
+            }
+            for k in range(len(team.critics))
+        ]
+        if team.value_heads is not None:
+            desc["value_heads"] = [f"agent_{i + 1}/value_head.safetensors" for i in range(len(team.value_heads))]
+        return desc
+
+
+class MAACTrainer(ActorCriticTrainer):
+    """Multi-agent actor-critic: ONE centralized critic over the joint prompts; every agent gets the SAME TD error.
+
+        delta_t = r_t + gamma * V(h_{t+1}) - V(h_t)             (r_t: the team reward, the mean over agents)
+        loss    = sum_i - mean( logprob_sum(a_{i,t}) * delta_t ) + value_loss_coef * n * mean( (V(h_t) - V_hat_t)^2 )
+
+    The critic reads `joint_critic_text` (the agents' prompts, plus the completions for `critic_type="q"`) tokenized
+    with the first agent's tokenizer. It is updated with each agent's batch in turn; every agent's batch holds the same
+    joint actions, so in one optimizer step that is `n` times the critic loss of one batch. No importance sampling and
+    no ratio clipping. `critic_model` (or `critics=[one]`) is required.
+
+    ```python
+    from trl_marl import MAACConfig, MAACTrainer
+
+    trainer = MAACTrainer(
+        agent_model="Qwen/Qwen2.5-0.5B-Instruct",
+        critic_model="Qwen/Qwen2.5-0.5B-Instruct",
+        reward_func=reward,
+        formatters=[writer_prompt, editor_prompt],
+        args=MAACConfig(output_dir="out", num_agents=2),
+        train_dataset=dataset,
+    )
+    trainer.train()
+    ```
+    """
+
+    _name = "MAAC"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "maac", "actor-critic"]
+    config_class = MAACConfig
+    critic_loss_per_agent_batch = True
+
+    def _critics_length_message(self, args, got: int) -> str:
+        return (
+            f"critics has {got} entries but MAACTrainer has ONE shared centralized critic: pass critics=[critic] or "
+            "critic_model=critic"
+        )
+
+
+class IACTrainer(ActorCriticTrainer):
+    """Independent actor-critic: one critic per agent over that agent's own history; agent i gets ITS OWN TD error.
+
+        delta_{i,t} = r_{i,t} + gamma * V_i(h_{i,t+1}) - V_i(h_{i,t})
+        loss = sum_i [ - mean( logprob_sum(a_{i,t}) * delta_{i,t} ) + value_loss_coef * L(phi_i) ]
+
+    With `use_separate_critic=True` (default) `critic_model` / `critics` give the critics (default: a separately
+    loaded copy of each agent's model); they read the agent's own token ids, so each must share its agent's tokenizer.
+    With `use_separate_critic=False` a value head on each actor's backbone is the critic (no critic may be passed),
+    trained together with the actor, with optional value clipping (`value_clip_range`).
+    """
+
+    _name = "IAC"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "iac", "actor-critic"]
+    config_class = IACConfig
+    joint_critic = False
+
+    def _resolve_critic_sources(self, args, critic_model, critics):
+        if not args.use_separate_critic:
+            if critic_model is not None or critics is not None:
+                raise ValueError(
+                    "IACTrainer with use_separate_critic=False puts a value head on each actor and takes no critic "
+                    "model: do not pass critic_model or critics (or set use_separate_critic=True)"
+                )
+            return None
+        if critic_model is None and critics is None:
+            return [_AGENT_COPY] * args.num_agents
+        return super()._resolve_critic_sources(args, critic_model, critics)
+
+    def _critics_length_message(self, args, got: int) -> str:
+        return f"critics has {got} entries but num_agents is {args.num_agents}: IAC has one critic per agent"
+
+    def _value_clip_range(self, stream: ValueStream) -> float | None:
+        return self.args.value_clip_range if stream.module is None else None
+
+
+class MAPPOTrainer(MAACTrainer):
+    """Multi-agent PPO: the MAAC rollout and centralized critic(s), GAE across turns and `ppo_epochs` passes of the
+    clipped surrogate on per-agent ratios, with value clipping and value normalization.
+
+        A_t   = GAE(lambda) of delta_t = r_t + gamma * V(h_{t+1}) - V(h_t)
+        rho   = pi_theta_i(a) / pi_old_i(a)                          (per token, or per completion)
+        L_i   = - mean( min(rho * A, clip(rho, 1 - eps, 1 + eps) * A) )
+        L_V   = mean( max( (V - V_hat)^2, (V_clip - V_hat)^2 ) )    (normalized targets with value normalization)
+
+    `shared_critic=True`: one critic, the team reward, the same advantage for every agent. `shared_critic=False`: one
+    critic per agent, each reading the joint history and learning that agent's reward (pass `critics=[...]` with one
+    entry per agent, or a `critic_model` broadcast).
+    """
+
+    _name = "MAPPO"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "mappo", "actor-critic", "ppo"]
+    _paper = {
+        "title": "The Surprising Effectiveness of PPO in Cooperative Multi-Agent Games",
+        "id": "2103.01955",
+        "citation": (
+            "@inproceedings{yu2022mappo,\n  title={The Surprising Effectiveness of PPO in Cooperative Multi-Agent "
+            "Games},\n  author={Yu, Chao and Velu, Akash and Vinitsky, Eugene and Gao, Jiaxuan and Wang, Yu and "
+            "Bayen, Alexandre and Wu, Yi},\n  booktitle={NeurIPS Datasets and Benchmarks},\n  year={2022}\n}"
+        ),
+    }
+    config_class = MAPPOConfig
+    critic_loss_per_agent_batch = False
+    needs_old_logprobs = True
+
+    def _critics_length_message(self, args, got: int) -> str:
+        if args.shared_critic:
+            return f"critics has {got} entries but MAPPOTrainer with shared_critic=True has ONE critic"
+        return f"critics has {got} entries but MAPPOTrainer with shared_critic=False has one critic per agent ({args.num_agents})"
+
+    def _after_init(self) -> None:
+        if self.args.popart and self.is_deepspeed_enabled:
+            raise ValueError("popart=True is not available under DeepSpeed (it rescales the value head in place)")
+        if self.args.value_normalization:
+            self._normalizers = [RunningMeanStd() for _ in self.team.critics]
+
+    def _advantages(self, trans: Transitions, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE(lambda) along each trajectory: `(A, V_hat = A + V)`."""
+        return linked_gae(trans.rewards, values, trans.next_index, self.args.discount, self.args.gae_lambda)
+
+    def _value_clip_range(self, stream: ValueStream) -> float | None:
+        return self.args.value_clip_range
+
+    def _update_chunks(self, num_items: int) -> list[list[int]]:
+        """`ppo_epochs` passes, each over minibatches of `train_batch_size` items (reshuffled every pass)."""
+        per = self.args.train_batch_size or num_items
+        M = num_items // per
+        chunks = []
+        for _ in range(self.args.ppo_epochs):
+            order = torch.randperm(num_items).tolist() if M > 1 else list(range(num_items))
+            chunks += [sorted(order[m * per : (m + 1) * per]) for m in range(M)]
+        return chunks
+
+    def _actor_loss(self, i, logp, batch, adv, data, rows):
+        """The clipped surrogate on token-level or sequence-level ratios to the rollout-time policy."""
+        device = logp.device
+        mask = batch.completion_mask.to(device)
+        old = torch.zeros_like(logp)
+        for r, row in enumerate(rows):
+            lp = data.old_logprobs[i][row]
+            old[r, : lp.numel()] = lp.to(device)
+        adv = adv.to(device)
+        if self.args.ratio_level == "token":
+            loss, clipped = ppo_clip_loss(logp, old, adv, self.args.clip_range, mask)
+            log_ratio = ((logp.detach() - old) * mask).sum() / mask.sum().clamp(min=1)
+        else:
+            seq, seq_old = sequence_logprobs(logp, mask), sequence_logprobs(old, mask)
+            loss, clipped = ppo_clip_loss(seq, seq_old, adv, self.args.clip_range)
+            log_ratio = (seq.detach() - seq_old).mean()
+        m = self._metrics["train"]
+        m[f"agent_{i + 1}/clip_fraction"].append(clipped.item())
+        m[f"agent_{i + 1}/log_ratio_mean"].append(log_ratio.item())
+        return loss
+
+
+def _split_model_config(model_config: Any, args: ActorCriticConfig) -> tuple[Any, dict]:
+    """Separate the critic options of `model_config` (the reference library's `critic_value_head_hidden_dim` and
+    `critic_model_kwargs`) from the agents' loading options; returns `(agents' model_config, critic loading kwargs)`.
+    """
+    from ..team import loading_kwargs
+
+    if not isinstance(model_config, dict):
+        return model_config, loading_kwargs(model_config)
+    rest = {k: v for k, v in model_config.items() if k not in CRITIC_MODEL_CONFIG_KEYS}
+    dim = model_config.get("critic_value_head_hidden_dim")
+    if dim is not None:
+        if args.critic_value_head_hidden_dim not in (None, dim):
+            raise ValueError(
+                f"critic_value_head_hidden_dim is {args.critic_value_head_hidden_dim} in the config but {dim} in "
+                "model_config; give it once"
+            )
+        args.critic_value_head_hidden_dim = dim
+    critic_kwargs = loading_kwargs({k: v for k, v in rest.items() if k in MODEL_CONFIG_KEYS})
+    critic_kwargs.update(model_config.get("critic_model_kwargs") or {})
+    return rest or None, critic_kwargs
