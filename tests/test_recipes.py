@@ -75,6 +75,41 @@ def test_accelerate_launch_magrpo(tmp_path, tiny_path):
     assert (tmp_path / "launch" / "agent_1" / "model.safetensors").exists()
 
 
+def test_madpo_and_marlhf_recipes(tmp_path, tiny_path):
+    t = load_recipe("madpo").main(
+        [
+            "--output_dir",
+            str(tmp_path / "madpo"),
+            "--max_steps",
+            "2",
+            "--eval_num_samples",
+            "2",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
+    assert type(t).__name__ == "MADPOTrainer" and t.args.num_train_epochs == 4 and t.args.rollout_buffer_size == 16
+    assert (tmp_path / "madpo" / "agent_1" / "model.safetensors").exists()
+    m = load_recipe("marlhf").main(
+        [
+            "--output_dir",
+            str(tmp_path / "marlhf"),
+            "--max_steps",
+            "1",
+            "--eval_num_samples",
+            "2",
+            "--disable_tqdm",
+            "true",
+            "--preference_num_candidates",
+            "3",
+            "--rl_algorithm",
+            "marloo",
+        ]
+    )
+    assert m.args.rl_algorithm == "marloo" and m.args.pair_selection == "all"
+    assert (tmp_path / "marlhf" / "reward_model" / "config.json").exists()
+
+
 @pytest.mark.parametrize("bad", [["--joint_mode", "diagonal"], ["--baseline", "median"]])
 def test_recipe_rejects_bad_choices(tmp_path, bad):
     with pytest.raises(SystemExit):

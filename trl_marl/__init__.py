@@ -22,8 +22,29 @@ _LAZY = {
     "MARLOOTrainer": "trl_marl.trainers.reinforce",
     "MAReMaxConfig": "trl_marl.trainers.reinforce",
     "MAReMaxTrainer": "trl_marl.trainers.reinforce",
+    "MAACConfig": "trl_marl.trainers.actor_critic",
+    "MAACTrainer": "trl_marl.trainers.actor_critic",
+    "IACConfig": "trl_marl.trainers.actor_critic",
+    "IACTrainer": "trl_marl.trainers.actor_critic",
+    "MAPPOConfig": "trl_marl.trainers.actor_critic",
+    "MAPPOTrainer": "trl_marl.trainers.actor_critic",
+    "CentralizedMAGRPOTrainer": "trl_marl.trainers.reinforce",
+    "MADPOConfig": "trl_marl.trainers.preference.madpo",
+    "MADPOTrainer": "trl_marl.trainers.preference.madpo",
+    "MARLHFConfig": "trl_marl.trainers.preference.marlhf",
+    "MARLHFTrainer": "trl_marl.trainers.preference.marlhf",
+    "JointRewardModel": "trl_marl.trainers.preference.reward_model",
+    "MADPOIterConfig": "trl_marl.trainers.preference.iterative",
+    "MADPOIterTrainer": "trl_marl.trainers.preference.iterative",
+    "MARLHFIterConfig": "trl_marl.trainers.preference.iterative",
+    "MARLHFIterTrainer": "trl_marl.trainers.preference.iterative",
+    "PreferencePair": "trl_marl.trainers.preference.pairs",
     # building blocks
     "TeamModel": "trl_marl.team",
+    "AgentTeam": "trl_marl.hub",
+    "push_team_to_hub": "trl_marl.hub",
+    "ActorCriticTeam": "trl_marl.models.value_head",
+    "CausalLMWithValueHead": "trl_marl.models.value_head",
     "JointRollout": "trl_marl.rollout",
     "RewardFunction": "trl_marl.rewards",
     "RewardProcessors": "trl_marl.rewards",
@@ -46,13 +67,36 @@ def __dir__():
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .hub import AgentTeam, push_team_to_hub
+    from .models.value_head import ActorCriticTeam, CausalLMWithValueHead
     from .rewards import RewardFunction, RewardProcessors
     from .rollout import JointRollout
     from .tasks import load_task
     from .team import TeamModel
+    from .trainers.actor_critic import (
+        IACConfig,
+        IACTrainer,
+        MAACConfig,
+        MAACTrainer,
+        MAPPOConfig,
+        MAPPOTrainer,
+    )
     from .trainers.base import MultiAgentTrainer
     from .trainers.config import MultiAgentConfig
+    from .trainers.preference import (
+        JointRewardModel,
+        MADPOConfig,
+        MADPOIterConfig,
+        MADPOIterTrainer,
+        MADPOTrainer,
+        MARLHFConfig,
+        MARLHFIterConfig,
+        MARLHFIterTrainer,
+        MARLHFTrainer,
+        PreferencePair,
+    )
     from .trainers.reinforce import (
+        CentralizedMAGRPOTrainer,
         MAGRPOConfig,
         MAGRPOTrainer,
         MAREINFORCEConfig,

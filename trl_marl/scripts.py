@@ -59,11 +59,12 @@ def parse_recipe_args(
     defaults: dict[str, Any] | None = None,
     argv: list[str] | None = None,
     script_args_cls: type = RecipeArguments,
+    tiny_defaults: dict[str, Any] | None = None,
 ):
     """Parse `(script arguments, config)` from the command line / `--config` YAML.
 
-    `defaults` (always) and `TINY_DEFAULTS` (when no model is given) fill only the fields the user did not set on
-    the command line or in the YAML file.
+    `defaults` (always) and `TINY_DEFAULTS` updated with the recipe's `tiny_defaults` (when no model is given) fill
+    only the fields the user did not set on the command line or in the YAML file.
     """
     from trl import TrlParser
 
@@ -71,7 +72,7 @@ def parse_recipe_args(
     recipe_args, config = parser.parse_args_and_config(args=argv)
     merged = dict(defaults or {})
     if recipe_args.model_name_or_path is None and recipe_args.agent_models is None:
-        merged = {**TINY_DEFAULTS, **merged}
+        merged = {**TINY_DEFAULTS, **(tiny_defaults or {}), **merged}
     explicit = explicit_flags(argv)
     overrides = {k: v for k, v in merged.items() if k not in explicit}
     if overrides:

@@ -46,7 +46,8 @@ class Comparator(Protocol):
     Returns `joint` with `joint[b][c][i]` = agent i's completion (a `str`, without the prompt) in joint candidate c
     for item b: `len(joint) == B`, `len(joint[b]) == num_candidates`, `len(joint[b][c]) == num_agents`. Candidate
     c of the comparator is compared with candidate c of the current agents; a centralized comparator parses its joint
-    completion back into one string per agent before returning. Completions are plain text: the trainer re-tokenizes
+    completion back into one string per agent before returning, and puts `None` in the slot of a candidate that
+    failed to parse (that index is then not compared; count such failures in a `parse_failures` attribute). Completions are plain text: the trainer re-tokenizes
     them for the training pass. Failures raise (for example the API comparator's `APIComparatorError`); returning
     fewer candidates is not a way to signal an error.
 
@@ -89,6 +90,8 @@ def check_comparator_output(
                 f"{len(per_item) if isinstance(per_item, Sequence) else type(per_item).__name__}"
             )
         for c, candidate in enumerate(per_item):
+            if candidate is None:  # a dropped candidate (e.g. a centralized completion that did not parse)
+                continue
             if (
                 not isinstance(candidate, Sequence)
                 or isinstance(candidate, str)
@@ -99,4 +102,4 @@ def check_comparator_output(
                     f"{name}.generate: item {b}, candidate {c} must be a list of {num_agents} completion strings "
                     f"(one per agent), got {candidate!r:.200}"
                 )
-    return [[list(candidate) for candidate in per_item] for per_item in joint]
+    return [[None if candidate is None else list(candidate) for candidate in per_item] for per_item in joint]

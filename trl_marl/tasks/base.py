@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,3 +47,9 @@ class Task:
             )
         if not self.roles:
             self.roles = [f"agent_{i + 1}" for i in range(self.num_agents)]
+        # Trainers only see the formatters: tag each with its role so team.json and the model cards name it
+        # (`trl_marl.hub.agent_role`). A callable shared by several agents is left untagged (it has no one role).
+        for formatter, role in zip(self.formatters, self.roles):
+            if sum(f is formatter for f in self.formatters) == 1 and getattr(formatter, "role", None) is None:
+                with contextlib.suppress(AttributeError, TypeError):
+                    formatter.role = role

@@ -1,5 +1,13 @@
 """Trainers: one `XConfig` + `XTrainer` pair per algorithm, all on `MultiAgentTrainer`."""
 
+from .actor_critic import (
+    IACConfig,
+    IACTrainer,
+    MAACConfig,
+    MAACTrainer,
+    MAPPOConfig,
+    MAPPOTrainer,
+)
 from .base import MultiAgentTrainer
 from .config import MultiAgentConfig
 from .reinforce import (
@@ -24,4 +32,10 @@ __all__ = [
     "MARLOOTrainer",
     "MAReMaxConfig",
     "MAReMaxTrainer",
+    "MAACConfig",
+    "MAACTrainer",
+    "IACConfig",
+    "IACTrainer",
+    "MAPPOConfig",
+    "MAPPOTrainer",
 ]

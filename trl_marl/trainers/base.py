@@ -33,6 +33,14 @@ from trl.trainer.utils import disable_dropout_in_model
 
 from ..algorithms.logprobs import completion_mask
 from ..algorithms.losses import k3_kl
+from ..hub import (
+    agent_role,
+    init_trainer_repos,
+    push_trainer,
+    push_trainer_checkpoint,
+    team_metadata,
+    write_trainer_cards,
+)
 from ..rewards import RewardFunction
 from ..rollout import GenerationOutput, JointRollout, Rollout
 from ..team import (
@@ -200,6 +208,7 @@ class MultiAgentTrainer(_BaseTrainer):
         self.agent_names = names
         self.eos_ids = [eos_token_ids(m, t) for m, t in zip(models, self.tokenizers)]
         self.reward = reward
+        self._chat_prompts = [False] * n  # whether agent i's formatter produced chat messages (no special tokens)
         self.metrics_callback = metrics_callback
         self.external_transition = external_transition
 
@@ -216,7 +225,7 @@ class MultiAgentTrainer(_BaseTrainer):
         self.rollout_engine = JointRollout(
             num_agents=n,
             formatters=self.formatters,
-            render=lambda i, formatted: render_prompt(formatted, self.tokenizers[i]),
+            render=self._render,
             reward=reward,
             num_generations=args.num_generations,
             joint_mode=args.joint_mode,
@@ -225,12 +234,21 @@ class MultiAgentTrainer(_BaseTrainer):
             external_prompt_passthrough=args.external_prompt_passthrough,
             early_termination_threshold=args.early_termination_threshold,
         )
+        # Training rollouts may score with another reward than evaluation (MARLHF: a learned reward model); the
+        # task reward of `rollout_engine` is what evaluation always uses.
+        self.train_rollout_engine = self.rollout_engine
         self.reference_models = self._build_references() if args.reference_kl_enabled else None
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._buffered: list | None = None
         self._step = 0
         self.env_step = 0  # joint-action reward evaluations on this process
         self._last_eval_reward: float | None = None
+
+    def _render(self, i: int, formatted) -> PromptText:
+        text = render_prompt(formatted, self.tokenizers[i])
+        if text.chat:
+            self._chat_prompts[i] = True
+        return text
 
     # ------------------------------------------------------------------ hooks for subclasses
     def _check_config(self, args: MultiAgentConfig) -> None:
@@ -323,8 +341,10 @@ class MultiAgentTrainer(_BaseTrainer):
         return self.accelerator.prepare(loader)
 
     # ------------------------------------------------------------------ generation
-    def _generation_config(self, i: int, num_return_sequences: int = 1) -> GenerationConfig:
-        tok = self.tokenizers[i]
+    def _generation_config(
+        self, i: int, num_return_sequences: int = 1, tokenizer=None, eos_ids: list[int] | None = None
+    ) -> GenerationConfig:
+        tok = tokenizer if tokenizer is not None else self.tokenizers[i]
         return GenerationConfig(
             num_return_sequences=num_return_sequences,
             do_sample=True,
@@ -333,7 +353,7 @@ class MultiAgentTrainer(_BaseTrainer):
             top_p=self.args.top_p,
             top_k=self.args.top_k or 0,
             pad_token_id=tok.pad_token_id,
-            eos_token_id=self.eos_ids[i],
+            eos_token_id=eos_ids if eos_ids is not None else self.eos_ids[i],
             use_cache=True,
         )
 
@@ -344,20 +364,38 @@ class MultiAgentTrainer(_BaseTrainer):
             torch.no_grad(),
             unwrap_model_for_generation(self.model_wrapped, self.accelerator) as team,
         ):
+            return self.generate_with(
+                list(team.agents), self.tokenizers, prompts_per_agent, num_generations, self.eos_ids
+            )
+
+    def generate_with(
+        self,
+        models: Sequence[torch.nn.Module],
+        tokenizers: Sequence,
+        prompts_per_agent,
+        num_generations: int,
+        eos_ids: Sequence[list[int]] | None = None,
+    ) -> list[GenerationOutput]:
+        """Sample with the given models (one per agent; e.g. a comparator's) and the trainer's sampling settings."""
+        if eos_ids is None:
+            eos_ids = [eos_token_ids(m, t) for m, t in zip(models, tokenizers)]
+        out = []
+        for i, (model, prompts) in enumerate(zip(models, prompts_per_agent)):
             # eval mode: transformers' generation is ~25% faster on small models than in train mode, and sampling
             # must not depend on the train/eval state anyway (dropout is disabled)
-            was_training = team.training
-            team.eval()
+            was_training = model.training
+            model.eval()
             try:
-                return [
-                    self._generate_agent(team.agents[i], i, prompts, num_generations)
-                    for i, prompts in enumerate(prompts_per_agent)
-                ]
+                out.append(self._generate_agent(model, i, prompts, num_generations, tokenizers[i], eos_ids[i]))
             finally:
-                team.train(was_training)
+                model.train(was_training)
+        return out
 
-    def _generate_agent(self, agent, i: int, prompts: list[PromptText], G: int) -> GenerationOutput:
-        tok = self.tokenizers[i]
+    def _generate_agent(
+        self, agent, i: int, prompts: list[PromptText], G: int, tokenizer=None, eos_ids: list[int] | None = None
+    ) -> GenerationOutput:
+        tok = tokenizer if tokenizer is not None else self.tokenizers[i]
+        eos_ids = eos_ids if eos_ids is not None else self.eos_ids[i]
         chat = bool(prompts) and getattr(prompts[0], "chat", False)
         enc = tok(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=not chat)
         ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -367,15 +405,31 @@ class MultiAgentTrainer(_BaseTrainer):
         out = agent.generate(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
-            generation_config=self._generation_config(i, G),
+            generation_config=self._generation_config(i, G, tok, eos_ids),
         )
         completions = out[:, ids.shape[1] :].cpu()
-        cmask = completion_mask(completions, self.eos_ids[i])
+        cmask = completion_mask(completions, eos_ids)
         lengths = cmask.sum(dim=1).tolist()
         comp_ids = [completions[r, : lengths[r]] for r in range(completions.shape[0])]
         prompt_rows = [ids[p][mask[p].bool()] for p in range(ids.shape[0])]
         texts = tok.batch_decode([c.tolist() for c in comp_ids], skip_special_tokens=True)
         return GenerationOutput(texts, [prompt_rows[r // G] for r in range(len(comp_ids))], comp_ids)
+
+    def tokenize_prompt(self, i: int, prompt: str) -> torch.Tensor:
+        """Agent i's prompt token ids, as generation tokenizes them."""
+        chat = getattr(prompt, "chat", False) or self._chat_prompts[i]
+        ids = self.tokenizers[i](str(prompt), add_special_tokens=not chat)["input_ids"]
+        if self.args.max_prompt_length is not None:
+            ids = ids[-self.args.max_prompt_length :]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def tokenize_completion(self, i: int, text: str) -> torch.Tensor:
+        """Token ids of a completion given as text (a comparator's, or one re-read from a round file): the text
+        without special tokens, then agent i's EOS (a finished answer), cut to `max_new_tokens`."""
+        ids = self.tokenizers[i](text, add_special_tokens=False)["input_ids"][: self.args.max_new_tokens - 1]
+        return torch.tensor(
+            [*ids, self.eos_ids[i][0] if self.eos_ids[i] else self.tokenizers[i].eos_token_id], dtype=torch.long
+        )
 
     # ------------------------------------------------------------------ scoring
     def agent_batch(self, i: int, samples: Sequence) -> AgentBatch:
@@ -431,7 +485,7 @@ class MultiAgentTrainer(_BaseTrainer):
     def _rollout_step(self, items: list[dict]) -> list[dict]:
         """Roll out `items`, compute returns and advantages, split into `steps_per_rollout` training inputs."""
         t0 = time.perf_counter()
-        rollout = self.rollout_engine.run(items, self.generate)
+        rollout = self.train_rollout_engine.run(items, self.generate)
         t1 = time.perf_counter()
         if self.reference_models is not None:
             self._reference_penalties(rollout)
@@ -617,7 +671,8 @@ class MultiAgentTrainer(_BaseTrainer):
 
     # ------------------------------------------------------------------ saving
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Write `agent_1/ ... agent_n/` (each a `save_pretrained` folder with its tokenizer) and `team.json`."""
+        """Write `agent_1/ ... agent_n/` (each a `save_pretrained` folder with its tokenizer and model card),
+        `team.json` and the team card `README.md`."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if not self.args.should_save:
             return
@@ -634,6 +689,7 @@ class MultiAgentTrainer(_BaseTrainer):
         self._save_extra(output_dir, state_dict)
         with open(os.path.join(output_dir, TEAM_FILE), "w", encoding="utf-8") as f:
             json.dump(self._team_description(), f, indent=2)
+        write_trainer_cards(self, output_dir)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _save_extra(self, output_dir: str, state_dict: dict) -> None:
@@ -648,12 +704,14 @@ class MultiAgentTrainer(_BaseTrainer):
                     "folder": f"agent_{i + 1}",
                     "source": self.agent_names[i],
                     "formatter": getattr(self.formatters[i], "__qualname__", type(self.formatters[i]).__name__),
+                    "role": agent_role(self.formatters[i], i),
                 }
                 for i in range(self.num_agents)
             ],
             "reward_func": self.reward.name,
             "joint_mode": self.args.joint_mode,
             "num_turns": self.args.num_turns,
+            **team_metadata(self),
         }
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
@@ -666,6 +724,36 @@ class MultiAgentTrainer(_BaseTrainer):
 
     def _load_extra(self, checkpoint: str, team: torch.nn.Module) -> None:
         """Load what `_save_extra` wrote; nothing here."""
+
+    # ------------------------------------------------------------------ Hub (trl_marl.hub)
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None) -> None:
+        """Write the team's cards in `output_dir`: one `README.md` per agent folder (algorithm, role, the other
+        agents, training config) and the team `README.md` (TRL's card, extended; see `trl_marl.hub`)."""
+        if self.is_world_process_zero():
+            write_trainer_cards(self, self.args.output_dir, model_name, dataset_name, tags)
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Create the repo(s) of `hub_team_layout`: the team repo `hub_model_id`, or `{hub_model_id}-agent-{i}`."""
+        init_trainer_repos(self, token, private)
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs,
+    ):
+        """Save the team and push it in `args.hub_team_layout` (`trl_marl.hub.push_team_to_hub`'s layouts), with
+        `hub_token` / `hub_private_repo` / `hub_revision` as transformers does; `kwargs` (`model_name`,
+        `dataset_name`, `tags`) go to the cards. Returns the commit (`"team"`) or one commit per agent
+        (`"per_agent"`); Futures when `blocking=False`."""
+        return push_trainer(self, commit_message, blocking, token, revision, private, **kwargs)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Push a saved checkpoint's team by `hub_strategy` (see `trl_marl.hub.push_trainer_checkpoint`)."""
+        push_trainer_checkpoint(self, checkpoint_folder)
 
 
 def _decay_groups(

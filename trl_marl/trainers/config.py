@@ -31,8 +31,8 @@ class MultiAgentConfig(_BaseConfig):
     `max_steps`, `learning_rate`, `lr_scheduler_type`, `max_grad_norm`, `gradient_accumulation_steps`, `bf16`,
     `gradient_checkpointing`, `report_to`, `logging_steps`, `save_steps`, `push_to_hub`, `hub_model_id`, `seed`, ...
     all work as in TRL. Differences from TRL's defaults, on purpose: `bf16` is off when no GPU is present (TRL would
-    fail on a CPU-only machine), `gradient_checkpointing` is off (turn it on for big agents), `ddp_backend` is
-    `"gloo"` in multi-process runs when no GPU is present (needed for multi-process and DeepSpeed runs on CPU), `learning_rate` is 5e-6.
+    fail on a CPU-only machine), `gradient_checkpointing` is off (turn it on for big agents); in multi-process runs on a machine with no GPU,
+    `ddp_backend` is `"gloo"` and (except under DeepSpeed) `use_cpu` is set, which is what accelerate needs there; `learning_rate` is 5e-6.
 
     Batching: each process rolls out `rollout_buffer_size` task items at once (one batched `generate` per agent per
     turn covers all of them x `num_generations`) and then takes `rollout_buffer_size / train_batch_size` training
@@ -74,6 +74,10 @@ class MultiAgentConfig(_BaseConfig):
         disable_dropout: disable dropout in the agents (as TRL's trainers do) so sampling and scoring agree.
         trace_dir: when set, every training step appends each agent's prompts, completions and rewards to
             `trace_dir/trace_rank{r}.jsonl` (one JSON record per joint action).
+        hub_team_layout: how `push_to_hub` shares the team: `"team"` (ONE repo `hub_model_id` with a folder per agent,
+            `team.json` and a team card) or `"per_agent"` (one repo per agent, `{hub_model_id}-agent-{i}`). Supported
+            `hub_strategy` values: `"end"` and `"every_save"` in both layouts; `"checkpoint"` and `"all_checkpoints"`
+            with `"team"` only (see `trl_marl.hub`).
     """
 
     # Trainer defaults that differ from TRL's
@@ -150,12 +154,27 @@ class MultiAgentConfig(_BaseConfig):
     trace_dir: str | None = field(
         default=None, metadata={"help": "Write per-agent prompt/completion/reward traces (JSONL) here."}
     )
+    hub_team_layout: str = field(
+        default="team",
+        metadata={
+            "help": "push_to_hub layout: 'team' (one repo) or 'per_agent' (one repo per agent).",
+            "choices": ["team", "per_agent"],
+        },
+    )
+
+    # False where a training step is not a slice of a rollout (preference trainers: it counts pairs)
+    _train_batch_counts_rollout_items = True
 
     def __post_init__(self):
         if self.bf16 is None and not self.use_cpu and not _accelerator_available():
             self.bf16 = False
-        if self.ddp_backend is None and not _accelerator_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            self.ddp_backend = "gloo"
+        if not _accelerator_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # Several processes on a CPU-only machine: gloo, and (unless DeepSpeed runs, which use_cpu would drop)
+            # use_cpu so that accelerate sees a MULTI_CPU run instead of one process per rank.
+            if self.ddp_backend is None:
+                self.ddp_backend = "gloo"
+            if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+                self.use_cpu = True
         self._validate_multi_agent()
         if self.train_batch_size is None:
             self.train_batch_size = self.rollout_buffer_size
@@ -183,10 +202,12 @@ class MultiAgentConfig(_BaseConfig):
         need(self.top_k is None or self.top_k >= 1, f"top_k must be None or >= 1, got {self.top_k}")
         need(self.rollout_buffer_size >= 1, f"rollout_buffer_size must be >= 1, got {self.rollout_buffer_size}")
         tb = self.train_batch_size
-        need(
-            tb is None or (tb >= 1 and self.rollout_buffer_size % tb == 0),
-            f"train_batch_size ({tb}) must be >= 1 and divide rollout_buffer_size ({self.rollout_buffer_size})",
-        )
+        need(tb is None or tb >= 1, f"train_batch_size must be None or >= 1, got {tb}")
+        if self._train_batch_counts_rollout_items:
+            need(
+                tb is None or self.rollout_buffer_size % tb == 0,
+                f"train_batch_size ({tb}) must be >= 1 and divide rollout_buffer_size ({self.rollout_buffer_size})",
+            )
         need(self.reference_kl_coef >= 0, f"reference_kl_coef must be >= 0, got {self.reference_kl_coef}")
         need(
             self.parallel_training in PARALLEL_MODES,
@@ -206,6 +227,9 @@ class MultiAgentConfig(_BaseConfig):
             )
         need(self.eval_interval is None or self.eval_interval >= 1, "eval_interval must be None or >= 1")
         need(self.eval_num_samples is None or self.eval_num_samples >= 1, "eval_num_samples must be None or >= 1")
+        from ..hub import check_hub_settings
+
+        check_hub_settings(self.hub_team_layout, self.hub_strategy if self.push_to_hub else "end")
 
     @property
     def steps_per_rollout(self) -> int:

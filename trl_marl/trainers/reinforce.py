@@ -37,6 +37,7 @@ __all__ = [
     "MARLOOTrainer",
     "MAReMaxConfig",
     "MAReMaxTrainer",
+    "CentralizedMAGRPOTrainer",
 ]
 
 
@@ -181,3 +182,49 @@ class MAReMaxTrainer(MAGRPOTrainer):
     _tag_names = ["trl", "trl_marl", "multi-agent", "maremax"]
     config_class = MAReMaxConfig
     baseline = "max"
+
+
+class CentralizedMAGRPOTrainer(MAGRPOTrainer):
+    """Centralized MAGRPO: ONE model writes all `args.num_agents` roles' outputs in one tagged completion
+    (`<agent_1>...</agent_1><agent_2>...</agent_2>`, see `trl_marl.centralized`). The completion is parsed into role
+    outputs only to call the task reward; a parse failure gives every role an empty string and is counted in the
+    metric `centralized/parse_failure_rate`. It is the single-model baseline for a decentralized team.
+
+    Takes the arguments of `MAGRPOTrainer` (with `agent_model`, one model) plus `adapter` (default: the tagged
+    adapter). `formatters` are the ROLES' formatters; the joint prompt is built from them.
+    """
+
+    _name = "CentralizedMAGRPO"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "magrpo", "centralized"]
+
+    def __init__(
+        self,
+        agent_model=None,
+        reward_func=None,
+        args: MAGRPOConfig | None = None,
+        formatters=None,
+        adapter=None,
+        **kwargs,
+    ):
+        from ..centralized import centralized_setup
+
+        if args is None:
+            args = self.config_class(output_dir="centralizedmagrpo-output")
+        if kwargs.get("agents") is not None:
+            raise ValueError("CentralizedMAGRPOTrainer trains ONE model: pass agent_model, not agents")
+        if reward_func is None:
+            raise ValueError("reward_func is required: it scores the joint response of the roles")
+        self.num_roles = args.num_agents
+        one_model, joint_reward, formatter, self._centralized_reward, self.adapter = centralized_setup(
+            args, reward_func, formatters, adapter
+        )
+        super().__init__(
+            agent_model=agent_model, reward_func=joint_reward, args=one_model, formatters=formatter, **kwargs
+        )
+
+    def _record_rollout_metrics(self, rollout, mode: str) -> None:
+        super()._record_rollout_metrics(rollout, mode)
+        r = self._centralized_reward
+        if r.parsed:
+            self._metrics[mode]["centralized/parse_failure_rate"].append(r.parse_failures / r.parsed)
+            r.parse_failures = r.parsed = 0

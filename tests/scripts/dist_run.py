@@ -1,0 +1,88 @@
+"""Launched by tests/test_distributed.py under `accelerate launch`: trains a small team with MAGRPO, then with MADPO,
+in the same processes, and (main process) writes what the test checks. Arguments: OUTPUT_DIR [hetero]."""
+
+import json
+import os
+import sys
+
+import torch
+
+os.environ.setdefault("CI", "1")
+torch.set_num_threads(1)
+
+
+def reward(c1, c2):
+    return [float(sum(ch in "aeiou" for ch in a) - sum(ch in "aeiou" for ch in b)) for a, b in zip(c1, c2)]
+
+
+def main():
+    out = sys.argv[1]
+    hetero = len(sys.argv) > 2 and sys.argv[2] == "hetero"
+    for which in ("magrpo", "madpo"):
+        run(which, os.path.join(out, which), hetero)
+
+
+def run(which, out, hetero):
+    from datasets import Dataset
+
+    from trl_marl import MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
+    from trl_marl.testing import tiny_model_path
+
+    items = Dataset.from_list(
+        [
+            {"prompt": f"Item {i}: say something about {w}."}
+            for i, w in enumerate(["rain", "snow", "wind", "fire", "stone", "gold", "sea", "sky"])
+        ]
+    )
+    common = dict(
+        output_dir=out,
+        max_new_tokens=6,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        eval_num_samples=4,
+    )
+    team = {"agent_model": tiny_model_path()}
+    if hetero:
+        from transformers import AutoTokenizer
+
+        paths = [tiny_model_path(), tiny_model_path(architecture="qwen2", num_key_value_heads=2, seed=1)]
+        team = {"agents": paths, "tokenizer": [AutoTokenizer.from_pretrained(p) for p in paths]}
+    if which == "magrpo":
+        args = MAGRPOConfig(
+            num_generations=3, rollout_buffer_size=2, max_steps=2, trace_dir=os.path.join(out, "trace"), **common
+        )
+        trainer = MAGRPOTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+    else:
+        args = MADPOConfig(
+            preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, max_steps=2, **common
+        )
+        trainer = MADPOTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+    trainer.train()
+    metrics = trainer.evaluate_reward()
+    trainer.save_model(out)
+    # the full weights as the engine holds them (gathered under ZeRO-3), to compare with what was saved
+    if trainer.is_deepspeed_enabled:
+        state = trainer.accelerator.get_state_dict(trainer.deepspeed)
+    else:
+        state = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    acc = trainer.accelerator
+    if acc.is_main_process:
+        torch.save({k: v.detach().cpu().float() for k, v in state.items()}, os.path.join(out, "gathered.pt"))
+        info = {
+            "num_processes": acc.num_processes,
+            "distributed_type": str(acc.distributed_type),
+            "global_step": trainer.state.global_step,
+            "eval_reward": metrics["eval_reward"],
+            "env_step": trainer.state.log_history[0].get("env_step"),
+            "num_pairs": len(getattr(trainer, "pairs", None) or []),
+        }
+        with open(os.path.join(out, "run_info.json"), "w") as f:
+            json.dump(info, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,421 @@
+"""Iterative preference training: aligned pairs, round files, comparators (built-in and plugins), replay, resume."""
+
+import http.server
+import json
+import os
+import sys
+import threading
+import uuid
+
+import pytest
+import torch
+from datasets import Dataset
+from safetensors.torch import load_file
+
+from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer, load_task
+from trl_marl.plugins.comparators import FixedModelComparator, ModelComparator
+from trl_marl.trainers.preference.iterative import read_round_file, write_round_file
+from trl_marl.trainers.preference.pairs import select_aligned_pairs
+
+
+def letters_reward(c1, c2):
+    return [float(sum(ch in "aeiou" for ch in a + b)) for a, b in zip(c1, c2)]
+
+
+def iter_args(tmp_path, cls=MADPOIterConfig, **kw):
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        max_new_tokens=6,
+        rollout_buffer_size=4,
+        preference_num_candidates=3,
+        train_batch_size=4,
+        learning_rate=1e-3,
+        num_iterations=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        eval_num_samples=2,
+    )
+    base.update(kw)
+    return cls(**base)
+
+
+@pytest.fixture
+def small_items():
+    return Dataset.from_list(
+        [{"prompt": f"Say something about {w}."} for w in ["rain", "snow", "wind", "fire", "stone", "gold"]]
+    )
+
+
+# ---------------------------------------------------------------- pure pieces
+def test_select_aligned_pairs():
+    target = [0.5, 0.2, 0.9, 0.4]
+    comp = [0.1, 0.2, None, 0.8]  # index 1 ties, index 2 was dropped
+    assert select_aligned_pairs(target, comp, "all") == [(0, True), (3, False)]
+    # comparator_reward: comparator score first (0.8 before 0.1), either side may win
+    assert select_aligned_pairs(target, comp, "comparator_reward") == [(3, False), (0, True)]
+    assert select_aligned_pairs(target, comp, "reward_gap", limit=1) == [(0, True)]  # gaps .4 == .4 -> index order
+    assert select_aligned_pairs(target, [0.1], "all") == [(0, True)]  # only indices present on both sides
+
+
+def test_round_file_is_written_atomically(tmp_path):
+    path = tmp_path / "replay" / "iteration_0001.json"
+    write_round_file(str(path), 1, [{"prompts": ["a"]}])
+    assert read_round_file(str(path)) == {"iteration": 1, "num_pairs": 1, "pairs": [{"prompts": ["a"]}]}
+
+    class Boom:  # not JSON-serialisable: the write fails half-way
+        pass
+
+    with pytest.raises(TypeError):
+        write_round_file(str(path), 2, [{"x": Boom()}])
+    assert read_round_file(str(path))["iteration"] == 1  # the old file is intact
+    assert [p.name for p in path.parent.iterdir()] == ["iteration_0001.json"]  # no temp file left
+
+
+# ---------------------------------------------------------------- config validation
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"comparator_policy": "oracle"}, "Unknown comparator 'oracle'.*'api', 'current', 'current_copy', 'history'"),
+        ({"preference_replay_mode": "fifo"}, "Unknown replay mode 'fifo'"),
+        ({"preference_replay_sample_size": 8}, "preference_replay_sample_size"),
+        ({"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5}, "preference_replay_lambda"),
+        ({"num_iterations": 0}, "num_iterations must be >= 1"),
+        ({"comparator_history_k": 2}, "comparator_history_k only applies"),
+        ({"num_turns": 2}, "needs num_turns=1"),
+    ],
+)
+def test_iterative_config_errors(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        iter_args(tmp_path, **overrides)
+
+
+def test_comparator_construction_errors(tmp_path, small_items, tiny_path):
+    with pytest.raises(ValueError, match="needs comparator_model_name or comparator_agents"):
+        MADPOIterTrainer(
+            agent_model="/missing",
+            reward_func=letters_reward,
+            train_dataset=small_items,
+            args=iter_args(tmp_path, comparator_policy="model"),
+        )
+    with pytest.raises(ValueError, match="needs comparator_api_url"):
+        MADPOIterTrainer(
+            agent_model="/missing",
+            reward_func=letters_reward,
+            train_dataset=small_items,
+            args=iter_args(tmp_path, comparator_policy="api"),
+        )
+
+
+# ---------------------------------------------------------------- runs
+def test_madpo_iter_rounds_files_and_records(tmp_path, small_items, tiny_path):
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    (replay / "iteration_0001.json").write_text('{"iteration": 1, "num_pairs": 1, "pairs": [{"stale": true}]}')
+    args = iter_args(tmp_path, preference_replay_dir=str(replay), preference_replay_mode="all_history")
+    t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+    t.train()
+    assert t.completed_rounds == 2 and [r["iteration"] for r in t.rounds] == [1, 2]
+    first = read_round_file(str(replay / "iteration_0001.json"))
+    assert first["iteration"] == 1 and first["num_pairs"] == len(first["pairs"])
+    assert all("stale" not in p for p in first["pairs"])  # an earlier run's file is not imported
+    rec = first["pairs"][0]
+    assert set(rec) == {
+        "prompts",
+        "winner_completions",
+        "loser_completions",
+        "winner_reward",
+        "loser_reward",
+        "candidate_reward_mean",
+        "raw_rewards",
+        "target_raw_reward",
+        "comparator_raw_reward",
+    }
+    assert rec["raw_rewards"][0] == rec["winner_reward"] and {
+        rec["target_raw_reward"],
+        rec["comparator_raw_reward"],
+    } == set(rec["raw_rewards"])
+    log = [h for h in t.state.log_history if "iter/current_iteration" in h]
+    assert [h["iter/current_iteration"] for h in log] == [1.0, 2.0]
+
+
+class ScriptedComparator(ModelComparator):
+    """Centralized generation with scripted joint completions (one malformed)."""
+
+    name = "scripted"
+
+    def models(self, trainer):
+        return [None, None], [None, None]
+
+    def sample(self, trainer, models, tokenizers, prompts_per_agent, G):
+        from trl_marl.rollout import GenerationOutput
+
+        texts = []
+        for _ in range(len(prompts_per_agent[0])):
+            texts += ["<agent_1>x</agent_1><agent_2>y</agent_2>", "<agent_1>only one</agent_1>"][:G]
+        return [GenerationOutput(texts, [], [])]
+
+
+def test_centralized_comparator_parses_and_drops_malformed(tmp_path):
+    args = iter_args(tmp_path, comparator_generation_mode="centralized")
+    comp = ScriptedComparator(args)
+    joint = comp.generate([{"prompt": "p"}], [["a"], ["b"]], 2, trainer=None)
+    assert joint == [[["x", "y"], None]] and comp.parse_failures == 1
+
+
+def test_history_comparator_reaches_back_k_rounds(tmp_path, small_items, tiny_path):
+    args = iter_args(
+        tmp_path, comparator_policy="history", comparator_history_k=2, num_iterations=3, learning_rate=5e-2
+    )
+    t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+    used = []
+    original = t.comparator.prepare
+
+    def spy(trainer, iteration):
+        original(trainer, iteration)
+        used.append((iteration, os.path.basename(t.comparator.loaded_from)))
+
+    t.comparator.prepare = spy
+    t.train()
+    # round 1: initial; round 2: the oldest (initial) while fewer than 2 exist; round 3: the policy after round 1
+    assert used == [(1, "iteration_0000"), (2, "iteration_0000"), (3, "iteration_0001")]
+    w0 = load_file(os.path.join(t.policy_snapshots[0], "agent_1", "model.safetensors"))
+    w1 = load_file(os.path.join(t.policy_snapshots[1], "agent_1", "model.safetensors"))
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)  # snapshots differ: training happened in between
+
+
+def test_model_comparator_loads_once(tmp_path, small_items, tiny_path, tiny_qwen_path, monkeypatch):
+    import trl_marl.plugins.comparators as comparators
+
+    loads = []
+    original = comparators._load_causal_lm
+    monkeypatch.setattr(comparators, "_load_causal_lm", lambda src, dev: loads.append(src) or original(src, dev))
+    args = iter_args(tmp_path, comparator_policy="model", comparator_model_name=tiny_qwen_path)
+    t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+    assert isinstance(t.comparator, FixedModelComparator)
+    t.train()
+    assert loads == [tiny_qwen_path]  # one id for both agents, loaded once for the whole run (two rounds)
+    assert t.comparator._models is None  # released at the end
+    assert t.completed_rounds == 2
+
+
+def _fake_dist(tmp_path, monkeypatch, entry_points, module_name, source):
+    root = tmp_path / uuid.uuid4().hex[:8]
+    root.mkdir()
+    (root / f"{module_name}.py").write_text(source)
+    dist = root / f"acme_{module_name}-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: acme-{module_name}\nVersion: 0.1.0\n")
+    lines = []
+    for group, eps in entry_points.items():
+        lines.append(f"[{group}]")
+        lines += [f"{k} = {v}" for k, v in eps.items()]
+    (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    monkeypatch.syspath_prepend(str(root))
+    return module_name
+
+
+PLUGIN = '''
+from trl_marl.plugins.comparators import CurrentComparator
+
+
+class EchoComparator:
+    """Answers every prompt with a fixed short text per agent."""
+
+    name = "echo"
+
+    def __init__(self, args):
+        self.n = args.num_agents
+        self.calls = 0
+
+    def generate(self, items, prompts_per_agent, num_candidates, trainer):
+        self.calls += 1
+        return [[[f"ok {i}" for i in range(self.n)] for _ in range(num_candidates)] for _ in items]
+
+
+class NewestHalfReplay:
+    name = "newest_half"
+
+    def __init__(self, *, k=None, lam=None, sample_size=None):
+        self.sample_size = sample_size
+
+    def select(self, rounds, rng):
+        current = rounds[-1]
+        return [current[i] for i in range(len(current) // 2 + 1)] if len(current) else []
+'''
+
+
+def test_third_party_comparator_and_replay_mode_by_name(tmp_path, monkeypatch, small_items, tiny_path):
+    module = _fake_dist(
+        tmp_path,
+        monkeypatch,
+        {
+            "trl_marl.comparators": {"echo": "acme_plugin_mod:EchoComparator"},
+            "trl_marl.replay_modes": {"newest_half": "acme_plugin_mod:NewestHalfReplay"},
+        },
+        "acme_plugin_mod",
+        PLUGIN,
+    )
+    try:
+        args = iter_args(tmp_path, comparator_policy="echo", preference_replay_mode="newest_half")
+        t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+        t.train()
+        assert type(t.comparator).__name__ == "EchoComparator" and t.comparator.calls > 0
+        pairs = read_round_file(t.rounds[0]["path"])["pairs"]
+        assert any("ok 0" in p["winner_completions"] + p["loser_completions"] for p in pairs)
+        trained = [h["iter/train_preference_pairs"] for h in t.state.log_history if "iter/train_preference_pairs" in h]
+        assert trained[0] == len(pairs) // 2 + 1
+    finally:
+        sys.modules.pop(module, None)
+
+
+# ---------------------------------------------------------------- API comparator end to end
+class _Handler(http.server.BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Handler.seen.append((dict(self.headers), body))
+        n = body.get("num_return_sequences", 1)
+        out = json.dumps({"completions": [f"api answer {body.get('agent_idx')}"] * n}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_api_comparator_in_a_run_never_writes_the_key(tmp_path, small_items, tiny_path, monkeypatch, caplog):
+    secret = "sk-test-" + uuid.uuid4().hex
+    monkeypatch.setenv("ACME_KEY", secret)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        args = iter_args(
+            tmp_path,
+            comparator_policy="api",
+            num_iterations=1,
+            save_strategy="steps",
+            comparator_api_url=f"http://127.0.0.1:{server.server_address[1]}/generate",
+            comparator_api_key_env="ACME_KEY",
+        )
+        t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+        t.train()
+        t.save_model(str(tmp_path / "saved"))
+    finally:
+        server.shutdown()
+    headers, body = _Handler.seen[0]
+    assert headers["Authorization"] == f"Bearer {secret}" and body["num_return_sequences"] == 3
+    for root, _, files in os.walk(tmp_path):
+        for f in files:
+            with open(os.path.join(root, f), "rb") as fh:
+                data = fh.read()
+            assert secret.encode() not in data, f
+    assert secret not in caplog.text and secret not in repr(t.args)
+
+
+# ---------------------------------------------------------------- resume
+def _weights(t):
+    return [p.detach().clone() for p in t.team.parameters()]
+
+
+def test_kill_after_round_two_and_resume_gives_the_same_round_three(tmp_path, small_items, tiny_path):
+    common = dict(lr_scheduler_type="constant", save_strategy="steps", comparator_policy="current")
+    full = MADPOIterTrainer(
+        agent_model=tiny_path,
+        reward_func=letters_reward,
+        train_dataset=small_items,
+        args=iter_args(tmp_path / "full", num_iterations=3, **common),
+    )
+    full.train()
+    # the "killed" run stops after round 2 (its round-2 checkpoint is what a kill leaves behind)
+    killed = MADPOIterTrainer(
+        agent_model=tiny_path,
+        reward_func=letters_reward,
+        train_dataset=small_items,
+        args=iter_args(tmp_path / "killed", num_iterations=2, **common),
+    )
+    killed.train()
+    ckpt = sorted((tmp_path / "killed" / "out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+    resumed = MADPOIterTrainer(
+        agent_model=tiny_path,
+        reward_func=letters_reward,
+        train_dataset=small_items,
+        args=iter_args(tmp_path / "killed", num_iterations=3, **common),
+    )
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    assert resumed.completed_rounds == 3
+    a = read_round_file(str(tmp_path / "full" / "out" / "preference_replay" / "iteration_0003.json"))
+    b = read_round_file(str(tmp_path / "killed" / "out" / "preference_replay" / "iteration_0003.json"))
+    assert a == b
+    for x, y in zip(_weights(full), _weights(resumed)):
+        torch.testing.assert_close(x, y)
+
+
+# ---------------------------------------------------------------- learning
+def test_madpo_iter_improves_over_three_rounds(tmp_path, tiny_path):
+    task = load_task("coordination")
+    args = MADPOIterConfig(
+        output_dir=str(tmp_path),
+        max_new_tokens=16,
+        rollout_buffer_size=16,
+        preference_num_candidates=4,
+        train_batch_size=8,
+        learning_rate=3e-3,
+        num_train_epochs=2,
+        num_iterations=3,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        eval_num_samples=16,
+        seed=0,
+    )
+    t = MADPOIterTrainer(
+        agent_model=tiny_path,
+        reward_func=task.reward_func,
+        formatters=task.formatters,
+        args=args,
+        train_dataset=task.train_dataset,
+        eval_dataset=task.eval_dataset,
+    )
+    before = t.evaluate_reward()["eval_reward"]
+    t.train()
+    after = t.state.log_history[-1]["eval_reward"]
+    assert after > before + 0.1, (before, after)
+
+
+def test_marlhf_iter_runs_rounds_with_fresh_reward_models(tmp_path, small_items, tiny_path):
+    args = iter_args(
+        tmp_path,
+        cls=MARLHFIterConfig,
+        num_generations=2,
+        reward_learning_rate=1e-3,
+        preference_scoring_reward="reward_model",
+        train_batch_size=None,
+    )
+    t = MARLHFIterTrainer(
+        agent_model=tiny_path,
+        reward_func=letters_reward,
+        args=args,
+        train_dataset=small_items,
+        eval_dataset=small_items,
+    )
+    models = []
+    original = t.fit_reward_model
+
+    def spy():
+        rm = original()
+        models.append(rm)
+        return rm
+
+    t.fit_reward_model = spy
+    t.train()
+    assert len(models) == 2 and models[0] is not models[1]
+    assert t.completed_rounds == 2 and t.state.global_step > 0
+    assert "eval_reward" in t.state.log_history[-1]

@@ -1,0 +1,340 @@
+"""Preference pairs, the joint reward model, MADPO and MARLHF."""
+
+import math
+import random
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+
+from trl_marl import (
+    CentralizedMAGRPOTrainer,
+    MADPOConfig,
+    MADPOTrainer,
+    MAGRPOConfig,
+    MARLHFConfig,
+    MARLHFTrainer,
+    load_task,
+)
+from trl_marl.centralized import CentralizedParseError, TaggedCentralizedAdapter, centralize
+from trl_marl.trainers.preference import JointRewardModel, PreferencePair, select_pairs
+
+
+def length_reward(c1, c2):
+    return [float(len(a) - len(b)) for a, b in zip(c1, c2)]
+
+
+# ---------------------------------------------------------------- pairs
+def test_select_pairs_drops_ties_and_orders_by_gap():
+    scores = [0.1, 0.9, 0.1, 0.5]
+    assert select_pairs(scores, "all") == [(1, 0), (3, 0), (1, 2), (1, 3), (3, 2)]
+    # gaps: (1,0)=.8 (1,2)=.8 (3,0)=.4 (3,2)=.4 (1,3)=.4 -> largest first, stable
+    assert select_pairs(scores, "reward_gap", limit=3) == [(1, 0), (1, 2), (3, 0)]
+    assert select_pairs([0.3, 0.3, 0.3], "reward_gap") == []
+    picked = select_pairs(scores, "random", limit=2, rng=random.Random(0))
+    assert len(picked) == 2 and set(picked) <= set(select_pairs(scores, "all"))
+    with pytest.raises(ValueError, match="pair_selection"):
+        select_pairs(scores, "best")
+
+
+def test_pair_record_has_exactly_the_spec_shape():
+    p = PreferencePair(["p1", "p2"], ["w1", "w2"], ["l1", "l2"], 0.92, 0.41, 0.63)
+    assert list(p.to_record()) == [
+        "prompts",
+        "winner_completions",
+        "loser_completions",
+        "winner_reward",
+        "loser_reward",
+        "candidate_reward_mean",
+    ]
+    p.raw_rewards, p.target_raw_reward, p.comparator_raw_reward = [0.92, 0.41], 0.92, 0.41
+    assert set(p.to_record()) >= {"raw_rewards", "target_raw_reward", "comparator_raw_reward"}
+
+
+def test_collected_pairs_from_candidates(make_args, items, tiny_path):
+    args = make_args(MADPOConfig, preference_num_candidates=3, preference_pairs_per_sample=2, rollout_buffer_size=4)
+    t = MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    pairs = t.collect_preference_pairs()
+    assert 0 < len(pairs) <= 2 * len(items)
+    for p in pairs:
+        assert p.winner_reward > p.loser_reward
+        assert len(p.prompts) == len(p.winner_completions) == len(p.loser_ids) == 2
+        # the stored ids are the sampled tokens: decoding them gives the stored text
+        assert t.tokenizers[0].decode(p.winner_ids[0], skip_special_tokens=True) == p.winner_completions[0]
+        assert p.winner_reward == pytest.approx(length_reward([p.winner_completions[0]], [p.winner_completions[1]])[0])
+
+
+# ---------------------------------------------------------------- MADPO
+def _madpo(make_args, items, tiny_path, **kw):
+    args = make_args(MADPOConfig, preference_num_candidates=3, train_batch_size=4, **kw)
+    return MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+
+
+def test_madpo_gradient_matches_the_formula(make_args, items, tiny_path):
+    t = _madpo(make_args, items, tiny_path)
+    pairs = t.collect_preference_pairs()[:4]
+    beta = t.args.dpo_beta
+    team = t.team
+    loss = t.compute_loss(team, {"pairs": pairs})
+    loss.backward()
+    got = [[p.grad.clone() for p in a.parameters()] for a in team.agents]
+    team.zero_grad()
+    margins = t.preference_margins(team, pairs)
+    delta = margins.detach().sum(0)
+    assert loss.item() == pytest.approx(-torch.nn.functional.logsigmoid(beta * delta).mean().item(), rel=1e-5)
+    weight = -beta * torch.sigmoid(-beta * delta) / len(pairs)  # d L / d m_i,p, the same for every agent
+    (margins * weight).sum().backward()
+    for i, agent in enumerate(team.agents):
+        for g, p in zip(got[i], agent.parameters()):
+            torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_madpo_one_forward_per_agent_per_batch(make_args, items, tiny_path):
+    t = _madpo(make_args, items, tiny_path)
+    pairs = t.collect_preference_pairs()[:4]
+    calls = [0, 0]
+    hooks = [
+        a.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+        for i, a in enumerate(t.team.agents)
+    ]
+    t.compute_loss(t.team, {"pairs": pairs})
+    for h in hooks:
+        h.remove()
+    assert calls == [1, 1]
+
+
+def test_madpo_scores_every_completion_token_including_eos(make_args, items, tiny_path):
+    t = _madpo(make_args, items, tiny_path)
+    eos = t.tokenizers[0].eos_token_id
+    prompt = torch.tensor([10, 11])
+    w, lo = torch.tensor([20, 21, eos]), torch.tensor([30, eos])
+    pair = PreferencePair(["a", "a"], ["w", "w"], ["l", "l"], 1.0, 0.0, 0.5, [prompt, prompt], [w, w], [lo, lo])
+    with torch.no_grad():
+        margins = t.preference_margins(t.team, [pair])
+    agent = t.team.agents[0]
+
+    def full(c):
+        ids = torch.cat([prompt, c])[None]
+        logp = torch.log_softmax(agent(ids).logits[0, len(prompt) - 1 : -1], -1)
+        return logp.gather(1, c[:, None]).sum().item()
+
+    with torch.no_grad():
+        assert margins[0, 0].item() == pytest.approx(full(w) - full(lo), abs=1e-4)
+
+
+def test_madpo_no_pair_ends_without_update(make_args, items, tiny_path, capsys):
+    args = make_args(MADPOConfig, preference_num_candidates=2)
+    t = MADPOTrainer(agent_model=tiny_path, reward_func=lambda a, b: [1.0] * len(a), args=args, train_dataset=items)
+    before = [p.clone() for p in t.team.parameters()]
+    out = t.train()
+    assert out.global_step == 0 and out.metrics["num_pairs"] == 0
+    assert "no preference pair without a tie" in capsys.readouterr().out
+    assert all(torch.equal(a, b) for a, b in zip(before, t.team.parameters()))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"num_turns": 2}, "needs num_turns=1"),
+        ({"joint_mode": "cross"}, "needs joint_mode='aligned'"),
+        ({"pair_selection": "all"}, "set preference_pairs_per_sample=None"),
+        ({"pair_selection": "best"}, "pair_selection must be one of"),
+        ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2"),
+        ({"dpo_beta": 0.0}, "dpo_beta must be > 0"),
+        ({"collaboration_mode": "hive"}, "collaboration_mode must be one of"),
+    ],
+)
+def test_madpo_config_errors(make_args, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_args(MADPOConfig, **overrides)
+
+
+def test_madpo_learns(tmp_path, tiny_path):
+    task = load_task("coordination")
+    args = MADPOConfig(
+        output_dir=str(tmp_path),
+        max_new_tokens=16,
+        rollout_buffer_size=16,
+        preference_num_candidates=4,
+        train_batch_size=8,
+        learning_rate=3e-3,
+        num_train_epochs=2,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        eval_num_samples=16,
+        seed=0,
+    )
+    t = MADPOTrainer(
+        agent_model=tiny_path,
+        reward_func=task.reward_func,
+        formatters=task.formatters,
+        args=args,
+        train_dataset=task.train_dataset,
+        eval_dataset=task.eval_dataset,
+    )
+    before = t.evaluate_reward()["eval_reward"]
+    t.train()
+    after = t.state.log_history[-1]["eval_reward"]  # the post-update evaluation train() logs
+    assert after > before + 0.05, (before, after)
+    assert any("rewards/accuracy" in h for h in t.state.log_history)
+
+
+# ---------------------------------------------------------------- centralized
+def test_tagged_adapter_parses_and_fails_clearly():
+    a = TaggedCentralizedAdapter(2)
+    assert a.parse_completion("x <agent_1> hi </agent_1><agent_2>there</agent_2>") == ["hi", "there"]
+    assert a.parse_completion(a.format_completion(["a", "b"])) == ["a", "b"]
+    with pytest.raises(CentralizedParseError, match="agent_2"):
+        a.parse_completion("<agent_1>only</agent_1><agent_2>unclosed")
+
+
+def test_centralized_reward_counts_parse_failures():
+    seen = []
+
+    def reward(c1, c2):
+        seen.append((list(c1), list(c2)))
+        return [len(x) + len(y) for x, y in zip(c1, c2)]
+
+    formatter, joint_reward, obj, adapter = centralize(reward, [lambda x: "p1", lambda x: "p2"], 2)
+    assert "Role 1 (agent_1): p1" in formatter({})
+    out = joint_reward(["<agent_1>ab</agent_1><agent_2>c</agent_2>", "garbage"])
+    assert out == [3.0, 0.0] and seen == [(["ab", ""], ["c", ""])]
+    assert obj.parse_failures == 1
+
+
+def test_centralized_magrpo_and_madpo_train_one_model(make_args, items, tiny_path):
+    t = CentralizedMAGRPOTrainer(
+        agent_model=tiny_path, reward_func=length_reward, args=make_args(MAGRPOConfig), train_dataset=items
+    )
+    t.train()
+    assert t.num_roles == 2 and len(t.team.agents) == 1
+    assert "centralized/parse_failure_rate" in t.state.log_history[0]
+    args = make_args(MADPOConfig, collaboration_mode="centralized", preference_num_candidates=3)
+    m = MADPOTrainer(
+        agent_model=tiny_path,
+        reward_func=lambda a, b: [float(len(a[j]) % 3) for j in range(len(a))],
+        args=args,
+        train_dataset=items,
+    )
+    assert len(m.team.agents) == 1 and m.num_roles == 2
+    m.collect_preference_pairs()
+
+
+# ---------------------------------------------------------------- joint reward model
+def test_reward_model_reads_last_non_pad_token_left_and_right(tiny_path):
+    rm = JointRewardModel.from_pretrained(tiny_path)
+    texts = ["a short one", "a much longer transcript with many more tokens in it"]
+    alone = [rm(**rm.encode([t])).item() for t in texts]
+    for side in ("left", "right"):
+        rm.tokenizer.padding_side = side
+        enc = rm.encode(texts)
+        assert (enc["attention_mask"] == 0).any()
+        torch.testing.assert_close(rm(**enc).detach(), torch.tensor(alone), atol=1e-4, rtol=1e-4)
+
+
+def test_bradley_terry_fit_separates_a_synthetic_preference_set(tiny_path):
+    rm = JointRewardModel.from_pretrained(tiny_path, seed=0)
+    pairs = [
+        PreferencePair(
+            [f"topic {i}", "x"], [f"good answer {i}", "yes good"], [f"bad answer {i}", "no bad"], 1.0, 0.0, 0.5
+        )
+        for i in range(16)
+    ]
+    losses = rm.fit(pairs, learning_rate=3e-3, num_epochs=4, batch_size=8)
+    assert losses[-1] < losses[0] * 0.5 and losses[-1] < math.log(2)
+    w = rm.score([p.prompts for p in pairs], [p.winner_completions for p in pairs])
+    lo = rm.score([p.prompts for p in pairs], [p.loser_completions for p in pairs])
+    assert all(a > b for a, b in zip(w, lo))
+    assert not any(p.requires_grad for p in rm.parameters())  # frozen after fitting
+
+
+# ---------------------------------------------------------------- MARLHF
+@pytest.mark.parametrize("algorithm", ["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"])
+def test_marlhf_runs_with_each_backend(make_args, items, tiny_path, tmp_path, algorithm):
+    args = make_args(MARLHFConfig, rl_algorithm=algorithm, preference_num_candidates=3, reward_learning_rate=1e-3)
+    extra = {"critic_model": tiny_path} if algorithm == "maac" else {}
+    t = MARLHFTrainer(
+        agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items, eval_dataset=items, **extra
+    )
+    t.train()
+    assert t.reward_model is not None
+    expected = {"magrpo": "MARLHFTrainer", "maac": "MARLHFMAACTrainer", "iac": "MARLHFIACTrainer"}
+    assert type(t).__name__ == expected.get(algorithm, "MARLHFTrainer")
+    if algorithm not in ("maac", "iac"):
+        assert t.baseline == {"magrpo": "mean", "mareinforce": "raw", "marloo": "loo", "maremax": "max"}[algorithm]
+    log = t.state.log_history[0]
+    assert "reward_model/pair_accuracy" in log and "num_pairs" in log
+    assert "eval_reward" in t.state.log_history[-1]  # evaluation uses the task reward
+    if algorithm in ("magrpo", "maac"):
+        t.save_model(str(tmp_path / "saved"))
+        assert (tmp_path / "saved" / "reward_model" / "config.json").exists()
+        if algorithm == "maac":
+            assert (tmp_path / "saved" / "critic").is_dir()
+
+
+def test_marlhf_maac_needs_a_critic(make_args, items, tiny_path):
+    with pytest.raises(ValueError, match="critic"):
+        MARLHFTrainer(
+            agent_model=tiny_path,
+            reward_func=length_reward,
+            train_dataset=items,
+            args=make_args(MARLHFConfig, rl_algorithm="maac"),
+        )
+
+
+def test_marlhf_rl_uses_the_learned_reward_and_eval_the_task_reward(make_args, items, tiny_path):
+    task_calls = []
+
+    def task_reward(c1, c2):
+        task_calls.append(len(c1))
+        return [float(len(a)) for a in c1]
+
+    args = make_args(MARLHFConfig, preference_num_candidates=3, max_steps=1, eval_num_samples=2)
+    t = MARLHFTrainer(
+        agent_model=tiny_path, reward_func=task_reward, args=args, train_dataset=items, eval_dataset=items
+    )
+    t.pairs = t.collect_preference_pairs()
+    n_collect = sum(task_calls)
+    t.fit_reward_model()
+    t.train()
+    # the RL step (2 items x G=2) and the final evaluation (2 items x 1): only the evaluation called the task reward
+    assert sum(task_calls) - n_collect == 2
+
+
+def test_marlhf_bad_inputs(make_args, items, tiny_path):
+    with pytest.raises(ValueError, match="rl_algorithm must be one of"):
+        make_args(MARLHFConfig, rl_algorithm="ppo")
+    with pytest.raises(ValueError, match="needs num_turns=1"):
+        make_args(MARLHFConfig, num_turns=2)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    model.config._name_or_path = ""
+    other = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with pytest.raises(ValueError, match="reward_model_name is required"):
+        MARLHFTrainer(
+            agents=[model, other],
+            tokenizer=None,
+            reward_func=length_reward,
+            args=make_args(MARLHFConfig),
+            train_dataset=items,
+        )
+
+
+def test_marlhf_no_pair_case(make_args, items, tiny_path, capsys):
+    t = MARLHFTrainer(
+        agent_model=tiny_path,
+        reward_func=lambda a, b: [0.0] * len(a),
+        train_dataset=items,
+        args=make_args(MARLHFConfig, preference_num_candidates=2),
+    )
+    out = t.train()
+    assert out.global_step == 0 and t.reward_model is None
+    assert "no reward model can be fitted" in capsys.readouterr().out
+
+
+def test_preference_trainers_accept_a_list_dataset(make_args, tiny_path):
+    data = Dataset.from_list([{"prompt": f"q{i}"} for i in range(4)])
+    t = _madpo(make_args, data, tiny_path)
+    assert len(t.collect_preference_pairs()) >= 0

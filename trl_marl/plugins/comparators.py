@@ -1,0 +1,370 @@
+"""The built-in comparators of iterative preference training (entry-point group `trl_marl.comparators`).
+
+| name | the other side of every comparison |
+|---|---|
+| `current` | the live agents, sampled from a SEPARATE random stream (checkpointed) |
+| `current_copy` | a frozen copy of the agents on `comparator_devices`, refreshed each round (the live agents when the devices are the agents') |
+| `model` | fixed models: `comparator_model_name` (one id for every agent) or `comparator_agents` (one per agent), loaded once, frozen |
+| `history` | the agents as they were `comparator_history_k` rounds back (the oldest snapshot while fewer exist), loaded once per round |
+| `api` | a remote model (`trl_marl.plugins.api_clients`) |
+
+With `comparator_generation_mode="centralized"` ONE comparator model (`comparator_centralized_agent_index`) writes all
+roles' responses as one tagged joint completion, parsed back into roles; a candidate that fails to parse is dropped
+(`None` in its slot) and counted in `parse_failures`, never silently emptied.
+
+Each class follows `trl_marl.plugins.comparators_protocol.Comparator`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..centralized import CentralizedParseError, TaggedCentralizedAdapter
+from ..team import PromptText
+
+__all__ = [
+    "ModelComparator",
+    "CurrentComparator",
+    "CurrentCopyComparator",
+    "FixedModelComparator",
+    "HistoryComparator",
+    "APIComparator",
+    "GENERATION_MODES",
+]
+
+GENERATION_MODES = ("decentralized", "centralized")
+
+
+def _rng_state_to_list(state: torch.Tensor) -> list[int]:
+    return state.tolist()
+
+
+class ModelComparator:
+    """Shared machinery of the comparators that sample local models: decentralized or centralized generation.
+
+    Subclasses provide `models(trainer) -> (models, tokenizers)` (one per agent) and may override `sample`.
+    """
+
+    name = "model-base"
+
+    def __init__(self, args: Any):
+        mode = getattr(args, "comparator_generation_mode", "decentralized")
+        if mode not in GENERATION_MODES:
+            raise ValueError(f"comparator_generation_mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
+        self.args = args
+        self.centralized = mode == "centralized"
+        self.central_index = int(getattr(args, "comparator_centralized_agent_index", 0) or 0)
+        if self.central_index < 0 or self.central_index >= args.num_agents:
+            raise ValueError(
+                f"comparator_centralized_agent_index must be in [0, {args.num_agents - 1}], got {self.central_index}"
+            )
+        self.adapter = TaggedCentralizedAdapter(args.num_agents)
+        self.parse_failures = 0
+
+    def models(self, trainer) -> tuple[list[torch.nn.Module], list]:
+        raise NotImplementedError
+
+    def sample(self, trainer, models, tokenizers, prompts_per_agent, G: int):
+        """Generation outputs per agent (or for the one centralized model)."""
+        return trainer.generate_with(models, tokenizers, prompts_per_agent, G)
+
+    def generate(
+        self,
+        items: Sequence[Mapping[str, Any]],
+        prompts_per_agent: Sequence[Sequence[str]],
+        num_candidates: int,
+        trainer: Any,
+    ) -> list[list[list[str] | None]]:
+        models, tokenizers = self.models(trainer)
+        B, n = len(items), len(prompts_per_agent)
+        with torch.no_grad():
+            if not self.centralized:
+                outs = self.sample(trainer, models, tokenizers, [list(p) for p in prompts_per_agent], num_candidates)
+                return [
+                    [[outs[i].texts[b * num_candidates + c] for i in range(n)] for c in range(num_candidates)]
+                    for b in range(B)
+                ]
+            k = self.central_index
+            joint_prompts = [
+                PromptText(self.adapter.build_prompt(item, [prompts_per_agent[i][b] for i in range(n)]))
+                for b, item in enumerate(items)
+            ]
+            out = self.sample(trainer, [models[k]], [tokenizers[k]], [joint_prompts], num_candidates)[0]
+        joint: list[list[list[str] | None]] = []
+        for b in range(B):
+            row = []
+            for c in range(num_candidates):
+                try:
+                    row.append(self.adapter.parse_completion(out.texts[b * num_candidates + c]))
+                except CentralizedParseError:
+                    self.parse_failures += 1
+                    row.append(None)
+            joint.append(row)
+        return joint
+
+    def state_dict(self) -> dict:
+        return {"parse_failures": self.parse_failures}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.parse_failures = int(state.get("parse_failures", 0))
+
+
+class CurrentComparator(ModelComparator):
+    """The live agents, sampled from a SEPARATE random stream (seeded from `seed + 1_000_000_007`, never equal to the
+    training stream's seed), so that the comparator's draws neither consume nor repeat the training stream's. Its
+    state is saved in checkpoints."""
+
+    name = "current"
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        g = torch.Generator().manual_seed((int(args.seed) + 1_000_000_007) % (2**63))
+        self._rng_state = g.get_state()
+
+    def models(self, trainer):
+        return list(trainer.team.agents), trainer.tokenizers
+
+    def sample(self, trainer, models, tokenizers, prompts_per_agent, G):
+        from trl.models.utils import unwrap_model_for_generation
+
+        devices = [d for d in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+        with (
+            torch.random.fork_rng(devices=devices),
+            # the live agents may be sharded (ZeRO-3): gather them as the trainer's own generation does
+            unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator),
+        ):
+            torch.set_rng_state(self._rng_state)
+            out = super().sample(trainer, models, tokenizers, prompts_per_agent, G)
+            self._rng_state = torch.get_rng_state()
+        return out
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "rng_state": _rng_state_to_list(self._rng_state)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if "rng_state" in state:
+            self._rng_state = torch.tensor(state["rng_state"], dtype=torch.uint8)
+
+
+class CurrentCopyComparator(CurrentComparator):
+    """A frozen copy of the current agents on `comparator_devices`, refreshed at every collection phase. When the
+    comparator devices are the agents' own (or unset) the live agents are used directly (no copy)."""
+
+    name = "current_copy"
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self.devices = list(getattr(args, "comparator_devices", None) or [])
+        if self.devices and len(self.devices) not in (1, args.num_agents):
+            raise ValueError(
+                f"comparator_devices has {len(self.devices)} entries; give 1 or num_agents={args.num_agents}"
+            )
+        self._copies: list[torch.nn.Module] | None = None
+
+    def _device(self, i: int) -> str | None:
+        if not self.devices:
+            return None
+        return self.devices[0] if len(self.devices) == 1 else self.devices[i]
+
+    def prepare(self, trainer, iteration: int) -> None:
+        live = list(trainer.team.agents)
+        same = all(
+            self._device(i) is None or torch.device(self._device(i)) == next(a.parameters()).device
+            for i, a in enumerate(live)
+        )
+        if same:
+            self._copies = None
+            return
+        if self._copies is None:
+            self._copies = [
+                copy.deepcopy(a).to(self._device(i)).eval().requires_grad_(False) for i, a in enumerate(live)
+            ]
+        else:
+            for i, (dst, src) in enumerate(zip(self._copies, live)):
+                dst.load_state_dict({k: v.to(self._device(i)) for k, v in src.state_dict().items()})
+
+    def models(self, trainer):
+        if self._copies is None:
+            return list(trainer.team.agents), trainer.tokenizers
+        return self._copies, trainer.tokenizers
+
+    def close(self) -> None:
+        self._copies = None
+
+
+def _load_causal_lm(source: Any, device: Any):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(source, (str, os.PathLike)):
+        model = AutoModelForCausalLM.from_pretrained(str(source))
+        tok = AutoTokenizer.from_pretrained(str(source))
+    else:
+        model, tok = source, None
+    if tok is not None and tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = model.eval().requires_grad_(False)
+    if device is not None:
+        model.to(device)
+    return model, tok
+
+
+class FixedModelComparator(ModelComparator):
+    """Fixed comparator models: `comparator_model_name` (one id or path, loaded once for every agent) or
+    `comparator_agents` (one id / path per agent), loaded once on first use, frozen, on `comparator_devices` (or the
+    trainer's device). Hub repositories and local checkpoints both work."""
+
+    name = "model"
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        name = getattr(args, "comparator_model_name", None)
+        agents = getattr(args, "comparator_agents", None)
+        if not name and not agents:
+            raise ValueError("comparator_policy='model' needs comparator_model_name or comparator_agents")
+        if name and agents:
+            raise ValueError("pass comparator_model_name or comparator_agents, not both")
+        if agents is not None and len(agents) != args.num_agents:
+            raise ValueError(f"comparator_agents has {len(agents)} entries but num_agents is {args.num_agents}")
+        self.sources = list(agents) if agents else [name] * args.num_agents
+        self.devices = list(getattr(args, "comparator_devices", None) or [])
+        self._models: list | None = None
+        self._tokenizers: list | None = None
+
+    def models(self, trainer):
+        if self._models is None:
+            cache: dict[str, tuple] = {}
+            models, toks = [], []
+            for i, src in enumerate(self.sources):
+                dev = (
+                    (self.devices[0] if len(self.devices) == 1 else self.devices[i])
+                    if self.devices
+                    else trainer.accelerator.device
+                )
+                key = f"{src}@{dev}"
+                if key not in cache:
+                    cache[key] = _load_causal_lm(src, dev)
+                model, tok = cache[key]
+                models.append(model)
+                toks.append(tok if tok is not None else trainer.tokenizers[i])
+            self._models, self._tokenizers = models, toks
+        return self._models, self._tokenizers
+
+    def close(self) -> None:
+        self._models = self._tokenizers = None
+
+
+class HistoryComparator(CurrentComparator):
+    """The agents as they were `comparator_history_k` rounds back (default 1: the previous round's policy; the
+    initial policy while fewer rounds exist). The trainer saves a policy snapshot at the start of every round; the
+    comparator loads the right one ONCE per round (in `prepare`), not per item."""
+
+    name = "history"
+
+    def __init__(self, args: Any):
+        super().__init__(args)
+        k = getattr(args, "comparator_history_k", None)
+        self.k = 1 if k is None else int(k)
+        if self.k < 1:
+            raise ValueError(f"comparator_history_k must be >= 1, got {k}")
+        self.devices = list(getattr(args, "comparator_devices", None) or [])
+        self._models: list | None = None
+        self.loaded_from: str | None = None
+
+    def snapshot_for(self, trainer, iteration: int) -> str:
+        """The snapshot folder used in round `iteration`: round `iteration - k`'s, or the oldest one."""
+        wanted = max(iteration - self.k, 0)  # snapshot r = the policy after round r (0 = the initial policy)
+        available = sorted(trainer.policy_snapshots)
+        older = [r for r in available if r <= wanted]
+        r = older[-1] if older else available[0]
+        return trainer.policy_snapshots[r]
+
+    def prepare(self, trainer, iteration: int) -> None:
+        path = self.snapshot_for(trainer, iteration)
+        if path == self.loaded_from and self._models is not None:
+            return
+        from transformers import AutoModelForCausalLM
+
+        models = []
+        for i in range(trainer.num_agents):
+            dev = (
+                (self.devices[0] if len(self.devices) == 1 else self.devices[i])
+                if self.devices
+                else trainer.agent_device(i)
+            )
+            m = AutoModelForCausalLM.from_pretrained(os.path.join(path, f"agent_{i + 1}")).eval()
+            models.append(m.requires_grad_(False).to(dev))
+        self._models, self.loaded_from = models, path
+
+    def models(self, trainer):
+        if self._models is None:
+            raise RuntimeError("the history comparator was not prepared for this round")
+        return self._models, trainer.tokenizers
+
+    def close(self) -> None:
+        self._models = None
+
+
+class APIComparator:
+    """A remote model behind an HTTP API (`comparator_api_*` fields; see `trl_marl.plugins.api_clients`). Keys come
+    from the environment variable named by `comparator_api_key_env` only."""
+
+    name = "api"
+
+    def __init__(self, args: Any):
+        from .api_clients import APIClient, APIClientConfig
+
+        mode = getattr(args, "comparator_generation_mode", "decentralized")
+        if mode not in GENERATION_MODES:
+            raise ValueError(f"comparator_generation_mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
+        if not getattr(args, "comparator_api_url", None):
+            raise ValueError("comparator_policy='api' needs comparator_api_url")
+        self.centralized = mode == "centralized"
+        self.adapter = TaggedCentralizedAdapter(args.num_agents)
+        self.client = APIClient(APIClientConfig.from_args(args))
+        self.parse_failures = 0
+
+    def generate(self, items, prompts_per_agent, num_candidates, trainer):
+        a = trainer.args
+        gen = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k}
+        B, n = len(items), len(prompts_per_agent)
+        if not self.centralized:
+            prompts = [str(prompts_per_agent[i][b]) for i in range(n) for b in range(B)]
+            out = self.client.generate(
+                prompts,
+                num_candidates,
+                agent_indices=[i for i in range(n) for _ in range(B)],
+                items=[items[b] for _ in range(n) for b in range(B)],
+                **gen,
+            )
+            return [[[out[i * B + b][c] for i in range(n)] for c in range(num_candidates)] for b in range(B)]
+        prompts = [
+            self.adapter.build_prompt(item, [str(prompts_per_agent[i][b]) for i in range(n)])
+            for b, item in enumerate(items)
+        ]
+        out = self.client.generate(prompts, num_candidates, items=list(items), **gen)
+        joint = []
+        for b in range(B):
+            row = []
+            for c in range(num_candidates):
+                try:
+                    row.append(self.adapter.parse_completion(out[b][c]))
+                except CentralizedParseError:
+                    self.parse_failures += 1
+                    row.append(None)
+            joint.append(row)
+        return joint
+
+    def state_dict(self) -> dict:
+        return {"parse_failures": self.parse_failures}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.parse_failures = int(state.get("parse_failures", 0))
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,733 @@
+"""Iterative (online) preference training: `MADPOIterTrainer` and `MARLHFIterTrainer`.
+
+`num_iterations` rounds; in round nu:
+
+1. **collect** — the current agents sample `preference_num_candidates` joint responses per item and the COMPARATOR
+   (`comparator_policy`, an entry-point plugin) samples `comparator_num_candidates`; candidate c of one side is
+   compared with candidate c of the other (indices present on both sides), the oracle scores both, the higher wins
+   (either side may), ties are dropped, and `pair_selection` keeps `preference_pairs_per_sample` per item;
+2. **store** the round's pairs D(nu) as `preference_replay_dir/iteration_{nu:04d}.json`
+   (`{"iteration", "num_pairs", "pairs"}`, written atomically: temp file, fsync, rename);
+3. **select** the training set B(nu) with the replay mode (`preference_replay_mode`, an entry-point plugin) over
+   this run's stored rounds — replayed pairs are re-read from their round files;
+4. **train** — MADPO: `num_train_epochs` over B(nu); MARLHF: a NEWLY initialised joint reward model fitted on
+   B(nu), then `num_train_epochs` of RL over the task items on its scores.
+
+The whole run is ONE `Trainer.train()` (one accelerate / DeepSpeed engine): the training data loader drives the rounds,
+running each round's collection when the previous round's last step is done. With `save_strategy != "no"` a
+checkpoint is written at the end of every round (and only then); it holds the agents, optimizer, scheduler, every RNG
+stream (the comparator's separate stream included), the round counter, the replay index with copies of its round
+files, and the policy-history index, so that a run resumed from round nu's checkpoint produces the same round nu+1
+pairs and weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate.utils import gather_object
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ...plugins.comparators_protocol import check_comparator_output
+from ...plugins.registry import COMPARATOR_GROUP, load_plugin
+from ...plugins.replay import make_replay_mode
+from .madpo import MADPOConfig, MADPOTrainer
+from .marlhf import MARLHFConfig, MARLHFTrainer, _MARLHFMixin
+from .pairs import PAIR_SELECTIONS, PreferencePair, select_aligned_pairs
+
+__all__ = [
+    "IterativeConfigMixin",
+    "MADPOIterConfig",
+    "MADPOIterTrainer",
+    "MARLHFIterConfig",
+    "MARLHFIterTrainer",
+    "write_round_file",
+    "read_round_file",
+]
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "iterative_state.json"
+COMPARATOR_RNG_FILE = "comparator_state.json"
+
+
+@dataclass
+class IterativeConfigMixin:
+    r"""Fields of the iterative trainers (`MADPOIterConfig`, `MARLHFIterConfig`).
+
+    Parameters:
+        num_iterations: rounds of collect -> store -> select -> train.
+        preference_replay_mode: which stored rounds each round trains on: `current`, `nearest_k`, `all_history`,
+            `lambda_decay` (or a plugin's name; entry-point group `trl_marl.replay_modes`).
+        preference_replay_k: `nearest_k`: the latest k non-empty rounds; `lambda_decay`: the latest K (optional).
+        preference_replay_lambda: `lambda_decay`'s lambda in [0, 1] (weights `lambda ** age`).
+        preference_replay_sample_size: pairs drawn per round in the historical modes (default: the current round's
+            pair count, or the latest non-empty round's when the current one is empty).
+        preference_replay_dir: where round files go (default `output_dir/preference_replay`). Files already there
+            from an earlier run are NOT imported.
+        policy_checkpoint_dir: where policy snapshots for the `history` comparator go (default
+            `output_dir/policy_history`).
+        comparator_policy: the comparator: `current`, `current_copy`, `model`, `history`, `api` (or a plugin's
+            name; entry-point group `trl_marl.comparators`).
+        comparator_generation_mode: `decentralized` (one response per role) or `centralized` (one comparator model
+            writes the whole joint response, parsed into roles).
+        comparator_centralized_agent_index: which comparator model writes the joint response in centralized mode.
+        comparator_model_name: `model` comparator: one model id / path for every agent.
+        comparator_agents: `model` comparator: one model id / path per agent.
+        comparator_devices: devices of the comparator models (one, or one per agent).
+        comparator_num_candidates: candidates the comparator samples per item (default: `preference_num_candidates`).
+        comparator_history_k: `history` comparator: how many rounds back (default 1).
+        comparator_api_url: `api` comparator: the endpoint URL.
+        comparator_api_format: `generic`, `openai`, `anthropic`, `openai_responses` (aliases `responses`, `codex`).
+        comparator_api_model: the remote model name.
+        comparator_api_key_env: the NAME of the environment variable holding the key (keys are never in configs).
+        comparator_api_timeout: seconds per request.
+        comparator_api_headers: extra request headers (JSON object); credential headers are rejected.
+        comparator_api_extra_body: extra request fields (JSON object).
+        comparator_api_max_n_per_request: most candidates per request (formats with `n`).
+        comparator_api_response_field: dotted path of the completions in a `generic` response.
+        comparator_api_max_retries: retries on timeouts, connection errors, 429 and 5xx.
+        comparator_api_retry_backoff: seconds before the first retry (doubled each retry).
+        comparator_api_max_concurrency: most requests in flight.
+    """
+
+    num_iterations: int = field(default=3, metadata={"help": "Rounds of collect -> store -> select -> train."})
+    preference_replay_mode: str = field(default="current", metadata={"help": "Replay mode (plugin name)."})
+    preference_replay_k: int | None = field(default=None, metadata={"help": "Rounds k of nearest_k / lambda_decay."})
+    preference_replay_lambda: float | None = field(default=None, metadata={"help": "lambda of lambda_decay."})
+    preference_replay_sample_size: int | None = field(
+        default=None, metadata={"help": "Pairs drawn per round in the historical modes."}
+    )
+    preference_replay_dir: str | None = field(default=None, metadata={"help": "Directory of the round files."})
+    policy_checkpoint_dir: str | None = field(default=None, metadata={"help": "Directory of policy snapshots."})
+    comparator_policy: str = field(default="current", metadata={"help": "Comparator (plugin name)."})
+    comparator_generation_mode: str = field(
+        default="decentralized", metadata={"help": "decentralized or centralized comparator generation."}
+    )
+    comparator_centralized_agent_index: int = field(
+        default=0, metadata={"help": "Comparator model that writes the joint response (centralized)."}
+    )
+    comparator_model_name: str | None = field(default=None, metadata={"help": "Comparator model id for all agents."})
+    comparator_agents: list[str] | None = field(default=None, metadata={"help": "Comparator model id per agent."})
+    comparator_devices: list[str] | None = field(default=None, metadata={"help": "Devices of comparator models."})
+    comparator_num_candidates: int | None = field(
+        default=None, metadata={"help": "Comparator candidates per item (default: preference_num_candidates)."}
+    )
+    comparator_history_k: int | None = field(default=None, metadata={"help": "history: rounds back (default 1)."})
+    comparator_api_url: str | None = field(default=None, metadata={"help": "API comparator endpoint URL."})
+    comparator_api_format: str = field(default="generic", metadata={"help": "API format."})
+    comparator_api_model: str | None = field(default=None, metadata={"help": "Remote model name."})
+    comparator_api_key_env: str | None = field(
+        default=None, metadata={"help": "Name of the environment variable holding the API key."}
+    )
+    comparator_api_timeout: float = field(default=120.0, metadata={"help": "Seconds per API request."})
+    comparator_api_headers: dict | str | None = field(default=None, metadata={"help": "Extra headers (JSON)."})
+    comparator_api_extra_body: dict | str | None = field(default=None, metadata={"help": "Extra body (JSON)."})
+    comparator_api_max_n_per_request: int | None = field(default=None, metadata={"help": "Most candidates/request."})
+    comparator_api_response_field: str = field(default="completions", metadata={"help": "generic: completions path."})
+    comparator_api_max_retries: int = field(default=3, metadata={"help": "API retries."})
+    comparator_api_retry_backoff: float = field(default=1.0, metadata={"help": "Seconds before the first retry."})
+    comparator_api_max_concurrency: int = field(default=8, metadata={"help": "API requests in flight."})
+
+    def _validate_iterative(self) -> None:
+        if self.num_iterations < 1:
+            raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
+        for name in ("comparator_api_headers", "comparator_api_extra_body"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                try:
+                    setattr(self, name, json.loads(value))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{name} must be a JSON object, got {value!r}") from exc
+        if self.comparator_num_candidates is not None and self.comparator_num_candidates < 1:
+            raise ValueError(f"comparator_num_candidates must be >= 1, got {self.comparator_num_candidates}")
+        # plugin names and options fail here, with the registered names, before any model loads
+        make_replay_mode(
+            self.preference_replay_mode,
+            k=self.preference_replay_k,
+            lam=self.preference_replay_lambda,
+            sample_size=self.preference_replay_sample_size,
+        )
+        load_plugin(COMPARATOR_GROUP, self.comparator_policy)
+        if self.comparator_history_k is not None and self.comparator_policy != "history":
+            raise ValueError("comparator_history_k only applies to comparator_policy='history'")
+
+
+_ITER_PAIR_SELECTION = field(
+    default="comparator_reward",
+    metadata={"help": "comparator_reward, reward_gap, all or random.", "choices": list(PAIR_SELECTIONS)},
+)
+
+
+@dataclass
+class MADPOIterConfig(MADPOConfig, IterativeConfigMixin):
+    r"""Configuration of `MADPOIterTrainer`: the `MADPOConfig` fields, the iterative fields of
+    `IterativeConfigMixin`, and these defaults: `num_train_epochs=1` (per round), `pair_selection="comparator_reward"`.
+    """
+
+    num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs over B(nu) in each round."})
+    pair_selection: str = _ITER_PAIR_SELECTION
+    _allowed_pair_selections = PAIR_SELECTIONS
+
+    def _validate_multi_agent(self) -> None:
+        super()._validate_multi_agent()
+        self._validate_iterative()
+
+
+PREFERENCE_SCORING = ("task", "reward_model")
+
+
+@dataclass
+class MARLHFIterConfig(MARLHFConfig, IterativeConfigMixin):
+    r"""Configuration of `MARLHFIterTrainer`: the `MARLHFConfig` fields, the iterative fields of
+    `IterativeConfigMixin`, plus:
+
+    Parameters:
+        preference_scoring_reward: the oracle of new comparisons: `"task"` (the task reward) or `"reward_model"`
+            (the most recently fitted reward model; the task reward while none exists yet).
+
+    Defaults changed: `num_train_epochs=1` (RL epochs per round), `reward_num_train_epochs=2`,
+    `pair_selection="comparator_reward"`.
+    """
+
+    num_train_epochs: float = field(default=1.0, metadata={"help": "RL epochs over the items in each round."})
+    reward_num_train_epochs: int = field(default=2, metadata={"help": "Bradley-Terry epochs per round."})
+    pair_selection: str = _ITER_PAIR_SELECTION
+    preference_scoring_reward: str = field(
+        default="task",
+        metadata={"help": "Oracle of new comparisons: task or reward_model.", "choices": list(PREFERENCE_SCORING)},
+    )
+    _allowed_pair_selections = PAIR_SELECTIONS
+
+    def _validate_multi_agent(self) -> None:
+        super()._validate_multi_agent()
+        self._validate_iterative()
+        if self.rl_algorithm in ("maac", "iac"):
+            raise ValueError(
+                f"MARLHFIterConfig supports the REINFORCE-family backends (magrpo, mareinforce, marloo, "
+                f"maremax), got rl_algorithm={self.rl_algorithm!r}"
+            )
+        if self.preference_scoring_reward not in PREFERENCE_SCORING:
+            raise ValueError(
+                f"preference_scoring_reward must be one of {list(PREFERENCE_SCORING)}, got "
+                f"{self.preference_scoring_reward!r}"
+            )
+
+
+# ----------------------------------------------------------------------------------------------- round files
+def write_round_file(path: str, iteration: int, records: list[dict]) -> None:
+    """Write `{"iteration", "num_pairs", "pairs"}` to `path` atomically (temp file in the same folder, fsync,
+    rename), so a crash never leaves a half-written round."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".round-", suffix=".json.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"iteration": iteration, "num_pairs": len(records), "pairs": records}, f, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_round_file(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class _StoredRound(Sequence):
+    """A stored round, read lazily from its file (the replay mode only indexes what it selects)."""
+
+    def __init__(self, path: str, size: int):
+        self.path, self.size, self._pairs = path, size, None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index):
+        if self._pairs is None:
+            self._pairs = read_round_file(self.path)["pairs"]
+        return self._pairs[index]
+
+
+# ----------------------------------------------------------------------------------------------- the round loader
+class _RoundLoader:
+    """The training "data loader" of an iterative trainer: it runs each round's collection and yields the round's
+    training batches (this process's share), round after round."""
+
+    def __init__(self, trainer: Any, length: int):
+        self.trainer, self.length = trainer, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        t = self.trainer
+        while t.completed_rounds < t.args.num_iterations:
+            nu = t.completed_rounds + 1
+            batches = t._start_round(nu)
+            t.completed_rounds = nu
+            for j, batch in enumerate(batches):
+                t._last_batch_of_round = j == len(batches) - 1
+                yield batch
+            t._last_batch_of_round = False
+        t._rounds_done = True
+
+
+class _RoundCallback(TrainerCallback):
+    """Checkpoints at round ends only; stops when every round is done."""
+
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        at_end = t._last_batch_of_round
+        control.should_save = bool(at_end and args.save_strategy != "no")
+        if at_end and t.completed_rounds >= t.args.num_iterations:
+            control.should_training_stop = True
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.trainer._rounds_done:
+            control.should_training_stop = True
+        return control
+
+
+class IterativeMixin:
+    """Rounds, the comparator, the replay buffer, round files, policy history and round checkpoints."""
+
+    def _init_iterative(self, args) -> None:
+        """Before the models load: build the comparator and the replay mode (their own validation)."""
+        self.comparator = load_plugin(COMPARATOR_GROUP, args.comparator_policy)(args)
+        self.replay_mode = make_replay_mode(
+            args.preference_replay_mode,
+            k=args.preference_replay_k,
+            lam=args.preference_replay_lambda,
+            sample_size=args.preference_replay_sample_size,
+        )
+
+    def _post_init_iterative(self) -> None:
+        a = self.args
+        self.replay_dir = a.preference_replay_dir or os.path.join(a.output_dir, "preference_replay")
+        self.policy_dir = a.policy_checkpoint_dir or os.path.join(a.output_dir, "policy_history")
+        self.completed_rounds = 0
+        self.rounds: list[dict] = []  # this run's replay index: {"iteration", "path", "num_pairs"}
+        self.policy_snapshots: dict[int, str] = {}  # rounds completed -> snapshot folder (0 = initial policy)
+        self._last_batch_of_round = False
+        self._rounds_done = False
+        self._current_pairs: dict[int, PreferencePair] = {}
+        self.add_callback(_RoundCallback(self))
+
+    # ---- the rounds ----
+    @property
+    def _comparator_candidates(self) -> int:
+        return self.args.comparator_num_candidates or self.args.preference_num_candidates
+
+    def _max_pairs_per_round(self) -> int:
+        a = self.args
+        if a.preference_replay_sample_size is not None:
+            return a.preference_replay_sample_size
+        per_item = min(a.preference_num_candidates, self._comparator_candidates)
+        if a.preference_pairs_per_sample is not None:
+            per_item = min(per_item, a.preference_pairs_per_sample)
+        return len(self.train_dataset) * per_item
+
+    def _align(self, batches: list, multiple: int) -> list:
+        """Pad a round's batches to a multiple of `multiple` (gradient accumulation) by wrapping around."""
+        if not batches or len(batches) % multiple == 0:
+            return batches
+        extra = multiple - len(batches) % multiple
+        return batches + [batches[k % len(batches)] for k in range(extra)]
+
+    def _start_round(self, nu: int) -> list:
+        """Collect, store and select round `nu`; return this process's training batches for it."""
+        if self.args.comparator_policy == "history" or getattr(self.comparator, "needs_policy_history", False):
+            self._snapshot_policy(nu - 1)
+        prepare = getattr(self.comparator, "prepare", None)
+        if prepare is not None:
+            prepare(self, nu)
+        pairs = self._collect_round(nu)
+        records = [p.to_record() for p in pairs]
+        path = os.path.join(self.replay_dir, f"iteration_{nu:04d}.json")
+        if self.accelerator.is_main_process:
+            write_round_file(path, nu, records)
+        self.accelerator.wait_for_everyone()
+        self.rounds.append({"iteration": nu, "path": path, "num_pairs": len(records)})
+        self._current_pairs = {id(r): p for r, p in zip(records, pairs)}
+        rounds = [_StoredRound(r["path"], r["num_pairs"]) for r in self.rounds[:-1]] + [records]
+        selected = self.replay_mode.select(rounds, np.random.default_rng([self.args.seed, nu]))
+        train_pairs = [self._pair_from_record(r) for r in selected]
+        m = self._metrics["train"]
+        m["iter/current_iteration"].append(float(nu))
+        m["iter/current_preference_pairs"].append(float(len(records)))
+        m["iter/total_preference_pairs"].append(float(sum(r["num_pairs"] for r in self.rounds)))
+        m["iter/train_preference_pairs"].append(float(len(train_pairs)))
+        if not train_pairs:
+            msg = f"{self._name} round {nu}: no preference pair to train on (all comparisons tied); no update"
+            logger.warning(msg)
+            if self.accelerator.is_main_process:
+                print(msg)
+            return []
+        return self._round_batches(nu, train_pairs)
+
+    def _snapshot_policy(self, rounds_done: int) -> None:
+        if rounds_done in self.policy_snapshots:
+            return
+        path = os.path.join(self.policy_dir, f"iteration_{rounds_done:04d}")
+        self.save_model(path, _internal_call=True)
+        self.accelerator.wait_for_everyone()
+        self.policy_snapshots[rounds_done] = path
+
+    def _oracle_scores(self, completions_per_agent, task_prompts, items) -> tuple[torch.Tensor, torch.Tensor]:
+        """(processed, raw) scores of joint responses; the task reward by default."""
+        return self.reward(completions_per_agent, task_prompts, items)
+
+    @torch.no_grad()
+    def _collect_round(self, nu: int) -> list[PreferencePair]:
+        a, n = self.args, self.num_agents
+        K, Kc = a.preference_num_candidates, self._comparator_candidates
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        indices = list(range(len(self.train_dataset)))[rank::world]
+        rng = random.Random(a.seed * 1_000_003 + nu * 101 + rank)
+        local: list[PreferencePair] = []
+        target_rewards, comp_rewards = [], []
+        for start in range(0, len(indices), a.rollout_buffer_size):
+            items = [self.train_dataset[j] for j in indices[start : start + a.rollout_buffer_size]]
+            rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
+            self.env_step += rollout.env_steps
+            prompts_per_agent = [[node.prompts[i] for node in rollout.nodes] for i in range(n)]
+            task_prompts = [
+                self.rollout_engine.task_prompt(item, node.prompts) for item, node in zip(items, rollout.nodes)
+            ]
+            # target side scores (rescored when the oracle is not the task reward)
+            t_proc, t_raw = self._target_scores(rollout, items, task_prompts)
+            joint = self.comparator.generate(items, prompts_per_agent, Kc, self)
+            joint = check_comparator_output(
+                joint, num_items=len(items), num_candidates=Kc, num_agents=n, name=a.comparator_policy
+            )
+            flat = [(b, c) for b in range(len(items)) for c in range(Kc) if joint[b][c] is not None]
+            c_proc: list[list[float | None]] = [[None] * Kc for _ in items]
+            c_raw: list[list[float | None]] = [[None] * Kc for _ in items]
+            if flat:
+                comps = [[joint[b][c][i] for b, c in flat] for i in range(n)]
+                proc, raw = self._oracle_scores(comps, [task_prompts[b] for b, _ in flat], [items[b] for b, _ in flat])
+                self.env_step += len(flat)
+                for (b, c), p, r in zip(flat, _shared_list(proc), _shared_list(raw)):
+                    c_proc[b][c], c_raw[b][c] = p, r
+            for b, node in enumerate(rollout.nodes):
+                target_rewards.extend(t_proc[b])
+                comp_rewards.extend(v for v in c_proc[b] if v is not None)
+                kept = select_aligned_pairs(t_proc[b], c_proc[b], a.pair_selection, a.preference_pairs_per_sample, rng)
+                present = [t_proc[b][c] for c in range(min(K, Kc))] + [
+                    v for v in c_proc[b][: min(K, Kc)] if v is not None
+                ]
+                mean = sum(present) / len(present)
+                for c, target_wins in kept:
+                    local.append(
+                        self._aligned_pair(
+                            rollout,
+                            node,
+                            joint[b][c],
+                            c,
+                            target_wins,
+                            t_proc[b][c],
+                            c_proc[b][c],
+                            t_raw[b][c],
+                            c_raw[b][c],
+                            mean,
+                        )
+                    )
+        if world > 1:
+            gathered = gather_object([(local, target_rewards, comp_rewards)])
+            local = [p for chunk, _, _ in gathered for p in chunk]
+            target_rewards = [r for _, chunk, _ in gathered for r in chunk]
+            comp_rewards = [r for _, _, chunk in gathered for r in chunk]
+        m = self._metrics["train"]
+        if target_rewards:
+            m["turn_1/reward_mean"].append(sum(target_rewards) / len(target_rewards))
+            m["turn_1/expected_return"].append(sum(target_rewards) / len(target_rewards))
+        if comp_rewards:
+            m["iter/comparator_reward_mean"].append(sum(comp_rewards) / len(comp_rewards))
+        failures = getattr(self.comparator, "parse_failures", None)
+        if failures is not None:
+            m["iter/comparator_parse_failures"].append(float(failures))
+        return local
+
+    def _target_scores(self, rollout, items, task_prompts):
+        proc = [
+            node.rewards.tolist() if node.rewards.ndim == 1 else node.rewards.mean(1).tolist()
+            for node in rollout.nodes
+        ]
+        raw = [
+            node.raw_rewards.tolist() if node.raw_rewards.ndim == 1 else node.raw_rewards.mean(1).tolist()
+            for node in rollout.nodes
+        ]
+        return proc, raw
+
+    def _aligned_pair(self, rollout, node, comp_texts, c, target_wins, t_score, c_score, t_raw, c_raw, mean):
+        n = self.num_agents
+        samples = [rollout.samples[node.samples[i][c]] for i in range(n)]
+        target_texts = [s.completion for s in samples]
+        target_ids = [s.completion_ids for s in samples]
+        comp_ids = [self.tokenize_completion(i, comp_texts[i]) for i in range(n)]
+        w_texts, l_texts = (target_texts, list(comp_texts)) if target_wins else (list(comp_texts), target_texts)
+        w_ids, l_ids = (target_ids, comp_ids) if target_wins else (comp_ids, target_ids)
+        w_score, l_score = (t_score, c_score) if target_wins else (c_score, t_score)
+        w_raw, l_raw = (t_raw, c_raw) if target_wins else (c_raw, t_raw)
+        return PreferencePair(
+            prompts=[str(s.prompt) for s in samples],
+            winner_completions=w_texts,
+            loser_completions=l_texts,
+            winner_reward=w_score,
+            loser_reward=l_score,
+            candidate_reward_mean=mean,
+            prompt_ids=[s.prompt_ids for s in samples],
+            winner_ids=w_ids,
+            loser_ids=l_ids,
+            raw_rewards=[w_raw, l_raw],
+            target_raw_reward=t_raw,
+            comparator_raw_reward=c_raw,
+        )
+
+    def _pair_from_record(self, record: dict) -> PreferencePair:
+        """The training pair of a selected record: the in-memory pair for the current round (exact sampled token
+        ids), else re-tokenized from the stored text."""
+        exact = self._current_pairs.get(id(record))
+        if exact is not None:
+            return exact
+        n = self.num_agents
+        return PreferencePair(
+            prompts=list(record["prompts"]),
+            winner_completions=list(record["winner_completions"]),
+            loser_completions=list(record["loser_completions"]),
+            winner_reward=record["winner_reward"],
+            loser_reward=record["loser_reward"],
+            candidate_reward_mean=record["candidate_reward_mean"],
+            prompt_ids=[self.tokenize_prompt(i, record["prompts"][i]) for i in range(n)],
+            winner_ids=[self.tokenize_completion(i, record["winner_completions"][i]) for i in range(n)],
+            loser_ids=[self.tokenize_completion(i, record["loser_completions"][i]) for i in range(n)],
+            raw_rewards=record.get("raw_rewards"),
+            target_raw_reward=record.get("target_raw_reward"),
+            comparator_raw_reward=record.get("comparator_raw_reward"),
+        )
+
+    # ---- the Trainer plumbing ----
+    def get_train_dataloader(self):
+        return _RoundLoader(self, self._steps_upper_bound() * self.args.gradient_accumulation_steps)
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        if resume_from_checkpoint:
+            self.load_iterative_state(resume_from_checkpoint)
+            self.args.ignore_data_skip = True  # the round loader resumes at the next round by itself
+        user_max = self.args.max_steps
+        bound = self._steps_upper_bound()
+        self.args.max_steps = bound if user_max is None or user_max <= 0 else min(user_max, bound)
+        try:
+            # the MultiAgentTrainer / Trainer loop (not MADPO's / MARLHF's one-shot collection)
+            out = self._train_loop(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        finally:
+            self.args.max_steps = user_max
+            close = getattr(self.comparator, "close", None)
+            if close is not None:
+                close()
+        if self.eval_dataset is not None:
+            self.evaluate()
+        return out
+
+    def _save_checkpoint(self, model, trial) -> None:
+        super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if self.args.should_save:
+            self.save_iterative_state(folder)
+
+    def save_iterative_state(self, folder: str) -> None:
+        """Round counter, replay index (with copies of its round files), policy history and comparator state."""
+        os.makedirs(os.path.join(folder, "preference_replay"), exist_ok=True)
+        rounds = []
+        for r in self.rounds:
+            copy_path = os.path.join(folder, "preference_replay", os.path.basename(r["path"]))
+            shutil.copyfile(r["path"], copy_path)
+            rounds.append({**r, "checkpoint_copy": os.path.basename(r["path"])})
+        state = {
+            "completed_rounds": self.completed_rounds,
+            "rounds": rounds,
+            "policy_snapshots": {str(k): v for k, v in self.policy_snapshots.items()},
+            "comparator": self.comparator.state_dict() if hasattr(self.comparator, "state_dict") else None,
+            "env_step": self.env_step,
+        }
+        tmp = os.path.join(folder, STATE_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(folder, STATE_FILE))
+
+    def load_iterative_state(self, folder: str) -> None:
+        path = os.path.join(folder, STATE_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{folder} has no {STATE_FILE}: it is not an iterative trainer's checkpoint")
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        self.completed_rounds = int(state["completed_rounds"])
+        self.rounds = []
+        for r in state["rounds"]:
+            target = os.path.join(self.replay_dir, os.path.basename(r["path"]))
+            if self.accelerator.is_main_process:
+                write_round_file(
+                    target,
+                    r["iteration"],
+                    read_round_file(os.path.join(folder, "preference_replay", r["checkpoint_copy"]))["pairs"],
+                )
+            self.rounds.append({"iteration": r["iteration"], "path": target, "num_pairs": r["num_pairs"]})
+        self.accelerator.wait_for_everyone()
+        self.policy_snapshots = {int(k): v for k, v in state["policy_snapshots"].items()}
+        if state.get("comparator") is not None and hasattr(self.comparator, "load_state_dict"):
+            self.comparator.load_state_dict(state["comparator"])
+        self.env_step = int(state.get("env_step", 0))
+
+
+def _shared_list(t: torch.Tensor) -> list[float]:
+    return (t if t.ndim == 1 else t.mean(dim=1)).tolist()
+
+
+# ----------------------------------------------------------------------------------------------- the trainers
+class MADPOIterTrainer(IterativeMixin, MADPOTrainer):
+    """Iterative MADPO (see the module docstring): each round trains `num_train_epochs` over B(nu) with the MADPO
+    loss. Arguments are those of `MADPOTrainer`."""
+
+    _name = "MADPOIter"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "madpo", "iterative-dpo"]
+    config_class = MADPOIterConfig
+    args_class = MADPOIterConfig
+
+    def __init__(self, *args, **kwargs):
+        cfg = kwargs.get("args")
+        if cfg is None:
+            cfg = self.config_class(output_dir="madpoiter-output")
+            kwargs["args"] = cfg
+        if not isinstance(cfg, self.args_class):
+            raise TypeError(f"args must be a {self.args_class.__name__}, got {type(cfg).__name__}")
+        self._init_iterative(cfg)
+        super().__init__(*args, **kwargs)
+        self._post_init_iterative()
+
+    def _steps_upper_bound(self) -> int:
+        a = self.args
+        per_step = a.per_device_train_batch_size * self.accelerator.num_processes
+        batches = math.ceil(self._max_pairs_per_round() / per_step) * math.ceil(a.num_train_epochs)
+        ga = a.gradient_accumulation_steps
+        return max(1, a.num_iterations * math.ceil(batches / ga))
+
+    def _round_batches(self, nu: int, pairs: list[PreferencePair]) -> list:
+        a = self.args
+        bs, world, rank = a.per_device_train_batch_size, self.accelerator.num_processes, self.accelerator.process_index
+        g = torch.Generator().manual_seed(a.seed * 7919 + nu)
+        order: list[int] = []
+        for _ in range(math.ceil(a.num_train_epochs)):
+            order.extend(torch.randperm(len(pairs), generator=g).tolist())
+        order = order[: max(1, round(len(pairs) * a.num_train_epochs))]
+        per_step = bs * world
+        if len(order) % per_step:
+            order += order[: per_step - len(order) % per_step]
+        batches = [
+            [pairs[k] for k in order[s + rank * bs : s + (rank + 1) * bs]] for s in range(0, len(order), per_step)
+        ]
+        return self._align(batches, a.gradient_accumulation_steps)
+
+    def _prepare_inputs(self, batch):
+        return {"pairs": batch}
+
+    def _train_loop(self, **kwargs):
+        return super(MADPOTrainer, self).train(**kwargs)
+
+
+class MARLHFIterTrainer(IterativeMixin, MARLHFTrainer):
+    """Iterative MARLHF (see the module docstring): each round fits a NEWLY initialised joint reward model on B(nu),
+    then runs `num_train_epochs` of RL over the task items on its scores. Arguments are those of `MARLHFTrainer`."""
+
+    _name = "MARLHFIter"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "iterative-rlhf"]
+    config_class = MARLHFIterConfig
+    args_class = MARLHFIterConfig
+
+    def __init__(self, *args, **kwargs):
+        cfg = kwargs.get("args")
+        if cfg is None:
+            cfg = self.config_class(output_dir="marlhfiter-output")
+            kwargs["args"] = cfg
+        if not isinstance(cfg, self.args_class):
+            raise TypeError(f"args must be a {self.args_class.__name__}, got {type(cfg).__name__}")
+        self._init_iterative(cfg)
+        super().__init__(*args, **kwargs)
+        self._post_init_iterative()
+
+    def _rl_batches_per_round(self) -> int:
+        a = self.args
+        global_batch = a.rollout_buffer_size * self.accelerator.num_processes
+        rollouts = len(self.train_dataset) // global_batch
+        return rollouts * a.steps_per_rollout * math.ceil(a.num_train_epochs)
+
+    def _steps_upper_bound(self) -> int:
+        ga = self.args.gradient_accumulation_steps
+        return max(1, self.args.num_iterations * math.ceil(self._rl_batches_per_round() / ga))
+
+    def _oracle_scores(self, completions_per_agent, task_prompts, items):
+        if self.args.preference_scoring_reward == "reward_model" and self.reward_model is not None:
+            scores = torch.tensor(self._learned_reward(*completions_per_agent, batch_items=items))
+            return scores, scores
+        return super()._oracle_scores(completions_per_agent, task_prompts, items)
+
+    def _target_scores(self, rollout, items, task_prompts):
+        if self.args.preference_scoring_reward == "reward_model" and self.reward_model is not None:
+            n, proc = self.num_agents, []
+            for node, item in zip(rollout.nodes, items):
+                comps = [
+                    [rollout.samples[node.samples[i][k]].completion for k in range(len(node.joint))] for i in range(n)
+                ]
+                proc.append(self._learned_reward(*comps, batch_items=[item] * len(node.joint)))
+            return proc, proc
+        return super()._target_scores(rollout, items, task_prompts)
+
+    def _round_batches(self, nu: int, pairs: list[PreferencePair]) -> list:
+        self.pairs = pairs
+        self.reward_model = None
+        self._fit_round_reward_model(pairs)
+        a = self.args
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        global_batch = a.rollout_buffer_size * world
+        g = torch.Generator().manual_seed(a.seed * 7919 + nu)
+        batches = []
+        for _ in range(math.ceil(a.num_train_epochs)):
+            order = torch.randperm(len(self.train_dataset), generator=g).tolist()
+            for s in range(0, len(order) - global_batch + 1, global_batch):
+                mine = order[s + rank * a.rollout_buffer_size : s + (rank + 1) * a.rollout_buffer_size]
+                items = [self.train_dataset[j] for j in mine]
+                batches.extend([items] * a.steps_per_rollout)
+        self._buffered = None
+        return self._align(batches, a.gradient_accumulation_steps)
+
+    def _fit_round_reward_model(self, pairs: list[PreferencePair]) -> None:
+        """A NEWLY initialised reward model on this round's B(nu)."""
+        self.fit_reward_model()
+
+    def _prepare_inputs(self, items):
+        return MARLHFTrainer._prepare_inputs(self, items)
+
+    def _train_loop(self, **kwargs):
+        return super(_MARLHFMixin, self).train(**kwargs)  # the Trainer loop, past MARLHF's one-shot pipeline

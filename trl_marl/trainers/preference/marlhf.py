@@ -1,0 +1,332 @@
+"""MARLHF: multi-agent RL from preference feedback.
+
+1. Collect preference pairs between joint responses with the task reward as oracle (`pairs.py`).
+2. Fit a `JointRewardModel` (all agents' prompts and responses as one text, a scalar head, Bradley-Terry) — newly
+   initialised, never falling back on the task reward — and freeze it.
+3. RL on its scores (no gradients through it) with the backend `rl_algorithm`: `magrpo` (group mean), `mareinforce`
+   (raw), `marloo` (leave-one-out), `maremax` (group max), `maac` (centralized critic), `iac` (independent
+   critics); the reference-KL penalty applies to this phase only.
+
+Evaluation always samples the current agents and scores them with the TASK reward.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from dataclasses import dataclass, field
+
+import torch
+from transformers.trainer_utils import TrainOutput
+
+from ...rewards import RewardFunction
+from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from ..reinforce import MAGRPOTrainer
+from .madpo import PreferenceCollectionMixin, PreferenceConfig
+from .reward_model import JointRewardModel
+
+__all__ = [
+    "MARLHFConfig",
+    "MARLHFTrainer",
+    "MARLHFMAACTrainer",
+    "MARLHFIACTrainer",
+    "MARLHFMAACConfig",
+    "MARLHFIACConfig",
+    "RL_ALGORITHMS",
+]
+
+logger = logging.getLogger(__name__)
+
+# rl_algorithm -> group baseline of the REINFORCE-family backend
+RL_ALGORITHMS = {"magrpo": "mean", "mareinforce": "raw", "marloo": "loo", "maremax": "max", "maac": None, "iac": None}
+ACTOR_CRITIC_BACKENDS = ("maac", "iac")
+
+
+@dataclass
+class MARLHFConfig(PreferenceConfig):
+    r"""Configuration of `MARLHFTrainer`: all `PreferenceConfig` fields (pair collection) and the RL fields of
+    `MultiAgentConfig` (`num_generations`, `rollout_buffer_size`, `train_batch_size` counted in task items, ...),
+    plus:
+
+    Parameters:
+        rl_algorithm: the RL backend: `magrpo`, `mareinforce`, `marloo` or `maremax`.
+        advantage_normalization: z-score advantages inside each group; `None` means on for `magrpo`, off for the
+            others (with it on they would all equal MAGRPO).
+        reward_model_name: model id / path of the reward model's backbone; `None` uses the first agent's id
+            (required when the agents are model objects without an id).
+        reward_learning_rate: AdamW learning rate of the reward model.
+        reward_num_train_epochs: epochs of Bradley-Terry training over the pairs.
+        reward_train_batch_size: pairs per reward-model step.
+        reward_max_length: truncate joint transcripts to this many tokens (keeping the end); `None` keeps them.
+        reward_freeze_backbone: train only the scalar head.
+        reward_model_device: device of the reward model; `None` is the trainer's device (works on CPU-only
+            machines, unlike the reference library's `"cuda:0"` default).
+        critic_type: `maac` / `iac` backends: `"v"` or `"q"` critics (see `MAACConfig`).
+        critic_learning_rate: `maac` / `iac`: learning rate of separate critics (`None`: the agents').
+        value_loss_coef: `maac` / `iac`: weight of the critic loss.
+        critic_value_head_hidden_dim: `maac` / `iac`: hidden size of the separate critics' value head.
+        critic_devices: `maac` / `iac`: critic devices in `mp` mode.
+        critic_max_length: `maac`: truncate the centralized critic's input (keeping the end).
+        use_separate_critic: `iac`: separate critics (True) or value heads on the actors (False).
+        value_clip_range: `iac` with value heads: value clipping eps.
+        value_head_hidden_dim: `iac` with value heads: hidden size of the value heads.
+
+    With `rl_algorithm` `maac` or `iac` the trainer is built on `MAACTrainer` / `IACTrainer` (pass `critic_model`
+    or `critics` as to those trainers; IAC defaults to copies of the agents), `num_generations` is the
+    actor-critic's (use 1 for multi-sample-free rollouts) and `advantage_normalization=None` means on.
+    """
+
+    _train_batch_counts_rollout_items = True
+
+    train_batch_size: int | None = field(
+        default=None, metadata={"help": "Task items per RL training step (divides rollout_buffer_size)."}
+    )
+    rl_algorithm: str = field(default="magrpo", metadata={"help": "RL backend.", "choices": list(RL_ALGORITHMS)})
+    advantage_normalization: bool | None = field(
+        default=None, metadata={"help": "Z-score advantages per group; None: on for magrpo only."}
+    )
+    reward_model_name: str | None = field(
+        default=None, metadata={"help": "Reward model backbone id/path; None: the first agent's."}
+    )
+    reward_learning_rate: float = field(default=1e-5, metadata={"help": "Reward model learning rate."})
+    reward_num_train_epochs: int = field(default=1, metadata={"help": "Bradley-Terry epochs over the pairs."})
+    reward_train_batch_size: int = field(default=4, metadata={"help": "Pairs per reward-model step."})
+    reward_max_length: int | None = field(
+        default=None, metadata={"help": "Truncate joint transcripts to this many tokens (keeps the end)."}
+    )
+    reward_freeze_backbone: bool = field(default=False, metadata={"help": "Train only the reward head."})
+    reward_model_device: str | None = field(
+        default=None, metadata={"help": "Device of the reward model; None: the trainer's device."}
+    )
+    # the maac / iac backends (see MAACConfig / IACConfig)
+    critic_type: str = field(default="v", metadata={"help": "maac/iac: 'v' for V(h), 'q' for Q(h, a)."})
+    critic_learning_rate: float | None = field(
+        default=None, metadata={"help": "maac/iac: learning rate of separate critics (None: the agents')."}
+    )
+    value_loss_coef: float = field(default=0.6, metadata={"help": "maac/iac: weight of the critic loss."})
+    critic_value_head_hidden_dim: int | None = field(
+        default=None, metadata={"help": "maac/iac: hidden size of the critics' value head."}
+    )
+    critic_devices: list[str] | None = field(default=None, metadata={"help": "maac/iac: devices of the critics."})
+    critic_max_length: int | None = field(
+        default=None, metadata={"help": "maac: truncate the centralized critic's input to this many tokens."}
+    )
+    use_separate_critic: bool = field(
+        default=True, metadata={"help": "iac: separate critic models (True) or value heads on the actors."}
+    )
+    value_clip_range: float | None = field(
+        default=None, metadata={"help": "iac (value heads): value clipping eps; None disables."}
+    )
+    value_head_hidden_dim: int | None = field(
+        default=None, metadata={"help": "iac (value heads): hidden size of the value heads."}
+    )
+
+    def _validate_multi_agent(self) -> None:
+        super()._validate_multi_agent()
+        if self.rl_algorithm not in RL_ALGORITHMS:
+            raise ValueError(f"rl_algorithm must be one of {list(RL_ALGORITHMS)}, got {self.rl_algorithm!r}")
+        if self.reward_learning_rate <= 0:
+            raise ValueError(f"reward_learning_rate must be > 0, got {self.reward_learning_rate}")
+        if self.reward_num_train_epochs < 1 or self.reward_train_batch_size < 1:
+            raise ValueError("reward_num_train_epochs and reward_train_batch_size must be >= 1")
+
+
+class _MARLHFMixin(PreferenceCollectionMixin):
+    """What MARLHF adds to an RL trainer: pairs, the joint reward model, the learned reward for RL rollouts."""
+
+    _name = "MARLHF"
+    _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "rlhf"]
+
+    def __init__(
+        self,
+        agent_model=None,
+        agents=None,
+        reward_func=None,
+        args=None,
+        formatters=None,
+        reward_model: JointRewardModel | None = None,
+        preference_pairs=None,
+        adapter=None,
+        **kwargs,
+    ):
+        args = args if args is not None else self.config_class(output_dir="marlhf-output")
+        if not isinstance(args, self.args_class):
+            raise TypeError(f"args must be a {self.args_class.__name__}, got {type(args).__name__}")
+        if reward_model is None and args.reward_model_name is None:
+            sources = [agent_model] if agents is None else list(agents)
+            if not isinstance(sources[0], (str, os.PathLike)) and not getattr(
+                getattr(sources[0], "config", None), "_name_or_path", ""
+            ):
+                raise ValueError(
+                    "reward_model_name is required when the agents are model objects without an id (the reward "
+                    "model's backbone is loaded from it)"
+                )
+        args, reward_func, formatters = self._setup_collaboration(args, reward_func, formatters, agents, adapter)
+        super().__init__(
+            agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
+        )
+        self.reward_model = reward_model
+        self.pairs = preference_pairs
+        # RL rollouts score with the learned reward; `rollout_engine` keeps the task reward (pairs, evaluation)
+        self.train_rollout_engine = copy.copy(self.rollout_engine)
+        self.train_rollout_engine.reward = RewardFunction(self._learned_reward, self.num_agents)
+
+    # ---- the learned reward ----
+    def _learned_reward(self, *completions, batch_items=None) -> list[float]:
+        if self.reward_model is None:
+            raise RuntimeError("the joint reward model is not fitted yet (MARLHFTrainer.train fits it first)")
+        prompts = [
+            [self.rollout_engine.first_prompts(item)[i] for i in range(self.num_agents)] for item in batch_items
+        ]
+        responses = [[c[j] for c in completions] for j in range(len(completions[0]))]
+        return self.reward_model.score(prompts, responses, batch_size=max(8, len(responses)))
+
+    def fit_reward_model(self) -> JointRewardModel:
+        """Collect pairs (if needed) and fit a NEWLY initialised joint reward model on them."""
+        if self.pairs is None:
+            self.pairs = self.collect_preference_pairs()
+        name = self.args.reward_model_name or self.agent_names[0]
+        tok = None if self.args.reward_model_name else self.tokenizers[0]
+        rm = JointRewardModel.from_pretrained(
+            name, tokenizer=tok, max_length=self.args.reward_max_length, seed=self.args.seed
+        )
+        rm.to(self.args.reward_model_device or self.accelerator.device)
+        losses = rm.fit(
+            self.pairs,
+            self.args.reward_learning_rate,
+            self.args.reward_num_train_epochs,
+            self.args.reward_train_batch_size,
+            self.args.reward_freeze_backbone,
+            self.args.seed,
+        )
+        if self.accelerator.num_processes > 1:  # identical data and seed; make it exact anyway
+            from accelerate.utils import broadcast
+
+            for p in rm.parameters():
+                p.data.copy_(broadcast(p.data.to(self.accelerator.device), from_process=0).to(p.device))
+        m = self._metrics["train"]
+        if losses:
+            m["reward_model/loss_first"].append(losses[0])
+            m["reward_model/loss_last"].append(losses[-1])
+        m["reward_model/pair_accuracy"].append(self.reward_model_accuracy(rm))
+        self.reward_model = rm
+        return rm
+
+    @torch.no_grad()
+    def reward_model_accuracy(self, rm: JointRewardModel) -> float:
+        """Share of the collected pairs whose winner the reward model scores higher."""
+        if not self.pairs:
+            return float("nan")
+        w = rm.score([p.prompts for p in self.pairs], [p.winner_completions for p in self.pairs])
+        lo = rm.score([p.prompts for p in self.pairs], [p.loser_completions for p in self.pairs])
+        return sum(a > b for a, b in zip(w, lo)) / len(w)
+
+    def train(self, *args, **kwargs):
+        if self.reward_model is None:
+            if self.pairs is None:
+                self.pairs = self.collect_preference_pairs()
+            if not self.pairs:
+                msg = (
+                    f"{self._name}: the task items yielded no preference pair without a tie, so no reward model "
+                    "can be fitted: training ends with no policy update. Raise preference_num_candidates or "
+                    "temperature, or check the reward."
+                )
+                logger.warning(msg)
+                if self.accelerator.is_main_process:
+                    print(msg)
+                self.no_pairs_message = msg
+                return TrainOutput(self.state.global_step, 0.0, {"num_pairs": 0})
+            self.fit_reward_model()
+        out = super().train(*args, **kwargs)
+        if self.eval_dataset is not None:
+            self.evaluate()
+        return out
+
+    def _save_extra(self, output_dir: str, state_dict: dict) -> None:
+        super()._save_extra(output_dir, state_dict)
+        if self.reward_model is not None:
+            self.reward_model.save_pretrained(os.path.join(output_dir, "reward_model"))
+
+
+class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):
+    """Multi-agent RLHF with a joint reward model (see the module docstring).
+
+    Takes the `MultiAgentTrainer` arguments plus `reward_model` (a fitted `JointRewardModel`: skips pair
+    collection and reward learning), `preference_pairs` (pairs collected elsewhere) and `adapter` (centralized mode).
+    `save_model` also writes `reward_model/`. With `rl_algorithm="maac"` or `"iac"` the instance built is a
+    `MARLHFMAACTrainer` / `MARLHFIACTrainer` (the same pipeline on `MAACTrainer` / `IACTrainer`), which also takes
+    `critic_model` / `critics`.
+    """
+
+    config_class = MARLHFConfig
+    args_class = MARLHFConfig
+
+    def __new__(cls, *args, **kwargs):
+        cfg = kwargs.get("args")
+        if cls is MARLHFTrainer and cfg is not None and getattr(cfg, "rl_algorithm", None) in ACTOR_CRITIC_BACKENDS:
+            backend = MARLHFMAACTrainer if cfg.rl_algorithm == "maac" else MARLHFIACTrainer
+            kwargs["args"] = _convert_config(cfg, backend.config_class)
+            obj = object.__new__(backend)
+            obj.__init__(*args, **kwargs)  # not a MARLHFTrainer subclass: Python will not call __init__ again
+            return obj
+        return super().__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.baseline = RL_ALGORITHMS[self.args.rl_algorithm]
+
+    def _check_config(self, args) -> None:
+        if args.rl_algorithm in ACTOR_CRITIC_BACKENDS:
+            raise ValueError(
+                f"rl_algorithm={args.rl_algorithm!r} is built by MARLHFTrainer(...) itself (it returns "
+                "the actor-critic variant); do not call the REINFORCE-family class directly"
+            )
+        if args.rl_algorithm != "mareinforce" and args.num_generations < 2:
+            raise ValueError(
+                f"rl_algorithm={args.rl_algorithm!r} needs num_generations >= 2 (its baseline compares "
+                f"the samples of a group), got {args.num_generations}"
+            )
+
+    def _normalize_advantages(self) -> bool:
+        norm = self.args.advantage_normalization
+        return self.args.rl_algorithm == "magrpo" if norm is None else bool(norm)
+
+
+def _convert_config(cfg: MARLHFConfig, target: type) -> MARLHFConfig:
+    """The same settings as an instance of the combined MARLHF + actor-critic config class."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(target) if f.init}
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init and f.name in names}
+    if values.get("advantage_normalization") is None:
+        values["advantage_normalization"] = True  # the actor-critic default
+    return target(**values)
+
+
+@dataclass
+class MARLHFMAACConfig(MARLHFConfig, MAACConfig):
+    """`MARLHFConfig` with `rl_algorithm="maac"`, as `MARLHFTrainer` builds it (fields of both)."""
+
+    advantage_normalization: bool = field(default=True, metadata={"help": "Z-score TD errors per group."})
+
+
+@dataclass
+class MARLHFIACConfig(MARLHFConfig, IACConfig):
+    """`MARLHFConfig` with `rl_algorithm="iac"`, as `MARLHFTrainer` builds it (fields of both)."""
+
+    advantage_normalization: bool = field(default=True, metadata={"help": "Z-score TD errors per group."})
+
+
+class MARLHFMAACTrainer(_MARLHFMixin, MAACTrainer):
+    """MARLHF with the MAAC backend (built by `MARLHFTrainer` for `rl_algorithm="maac"`)."""
+
+    config_class = MARLHFMAACConfig
+    args_class = MARLHFMAACConfig
+
+
+class MARLHFIACTrainer(_MARLHFMixin, IACTrainer):
+    """MARLHF with the IAC backend (built by `MARLHFTrainer` for `rl_algorithm="iac"`)."""
+
+    config_class = MARLHFIACConfig
+    args_class = MARLHFIACConfig
