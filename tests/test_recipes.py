@@ -52,26 +52,26 @@ def test_magrpo_recipe_yaml_config(tmp_path, tiny_path):
     assert trainer.args.max_new_tokens == 16  # not in the YAML: the tiny default
 
 
-def test_accelerate_launch_magrpo(tmp_path, tiny_path):
+def test_accelerate_launch_madpo_the_main_job(tmp_path, tiny_path):
+    """The README's main command, shortened: `accelerate launch recipes/madpo.py`, no accelerate config file."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [
         sys.executable,
         "-m",
         "accelerate.commands.launch",
-        "--num_processes",
-        "1",
-        "--cpu",
-        str(ROOT / "recipes" / "magrpo.py"),
+        str(ROOT / "recipes" / "madpo.py"),
         "--output_dir",
         str(tmp_path / "launch"),
         "--max_steps",
         "2",
         "--eval_num_samples",
         "2",
+        "--preference_num_candidates",
+        "2",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "eval reward after training" in proc.stdout
+    assert "eval reward before training" in proc.stdout and "eval reward after training" in proc.stdout
     assert (tmp_path / "launch" / "agent_1" / "model.safetensors").exists()
 
 

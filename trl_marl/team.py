@@ -49,16 +49,39 @@ class TeamConfig(PretrainedConfig):
 
 
 class TeamModel(nn.Module):
-    """All agents of a team in one module (`self.agents[i]` is agent i+1's causal LM)."""
+    """All agents of a team in one module (`self.agents[i]` is agent i+1's causal LM).
 
-    def __init__(self, agents: Sequence[PreTrainedModel], agent_names: Sequence[str] | None = None):
+    With `shared` (a PEFT model carrying one adapter per agent, see `trl_marl.adapters`), `self.agents` holds
+    adapter views of that one model instead, and the team's parameters are the shared model's, once.
+    """
+
+    def __init__(
+        self,
+        agents: Sequence[PreTrainedModel],
+        agent_names: Sequence[str] | None = None,
+        shared: nn.Module | None = None,
+    ):
         super().__init__()
-        self.agents = nn.ModuleList(agents)
+        if shared is None:
+            self.agents = nn.ModuleList(agents)
+        else:
+            self.shared = shared
+            self.agents = list(agents)  # AdapterAgent views of `shared`, not submodules
         names = list(agent_names) if agent_names else [_name_or_path(a) for a in agents]
         self.config = TeamConfig(num_agents=len(agents), agent_names=names)
         self.config._name_or_path = names[0] if len(set(names)) == 1 else ""
         # Trainer checks this attribute when deciding whether to pass `num_items_in_batch`.
         self.accepts_loss_kwargs = False
+
+    @property
+    def shared_base(self) -> bool:
+        """Whether the agents are adapters on one shared base model."""
+        return "shared" in self._modules
+
+    def agent_named_parameters(self, i: int) -> list[tuple[str, nn.Parameter]]:
+        """Agent i's trainable parameters, named as in the team's `named_parameters()`."""
+        prefix = "shared" if self.shared_base else f"agents.{i}"
+        return [(f"{prefix}.{k}", p) for k, p in self.agents[i].named_parameters() if p.requires_grad]
 
     @property
     def num_agents(self) -> int:
@@ -67,18 +90,41 @@ class TeamModel(nn.Module):
     # --- what Trainer / TRL helpers look for on a model ---
     @property
     def is_gradient_checkpointing(self) -> bool:
-        return any(getattr(a, "is_gradient_checkpointing", False) for a in self.agents)
+        return any(
+            getattr(a, "is_activation_checkpointing", False) or getattr(a, "is_gradient_checkpointing", False)
+            for a in self._backbones()
+        )
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
-        for a in self.agents:
-            a.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return self.is_gradient_checkpointing
+
+    def _backbones(self) -> list[nn.Module]:
+        return [self.shared] if self.shared_base else list(self.agents)
+
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
+    ) -> None:
+        """Activation (gradient) checkpointing in every agent's backbone, as `Trainer` asks for it."""
+        for a in self._backbones():
+            a.activation_checkpointing_enable(
+                activation_checkpointing_kwargs=activation_checkpointing_kwargs,
+                every_n_layers=every_n_layers,
+                offload=offload,
+            )
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None, **kwargs) -> None:
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        for a in self._backbones():
+            a.activation_checkpointing_disable()
 
     def gradient_checkpointing_disable(self) -> None:
-        for a in self.agents:
-            a.gradient_checkpointing_disable()
+        self.activation_checkpointing_disable()
 
     def enable_input_require_grads(self) -> None:
-        for a in self.agents:
+        for a in self._backbones():
             a.enable_input_require_grads()
 
     def forward(self, agent_batches: Sequence[AgentBatch | None]) -> list[torch.Tensor | None]:

@@ -443,6 +443,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     baseline = None
     supports_per_agent_rewards = True
+    supports_shared_base = False  # critics and value heads need a model per agent
     config_class = ActorCriticConfig
     joint_critic = True  # the critics read the joint text (MAAC, MAPPO) rather than each agent's tokens (IAC)
     critic_loss_per_agent_batch = False  # MAAC: the shared critic is updated with each agent's batch in turn
@@ -467,6 +468,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         critics: Sequence[str | PreTrainedModel | CausalLMWithValueHead] | None = None,
         callbacks: list | None = None,
         optimizers: tuple = (None, None),
+        peft_config: Any = None,
     ):
         if args is None:
             args = self.config_class(output_dir=f"{self._name.lower()}-output")
@@ -504,6 +506,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
             wandb_config=wandb_config,
             callbacks=callbacks,
             optimizers=optimizers,
+            peft_config=peft_config,
         )
         if args.parallel_training == "mp":  # the Trainer may have moved the team: put critics / heads back
             team = self.team

@@ -31,6 +31,7 @@ from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
+from ..adapters import AdapterDisabled, build_shared_base, mixed_adapter_generate, wrap_agents_with_peft
 from ..algorithms.logprobs import completion_mask
 from ..algorithms.losses import k3_kl
 from ..hub import (
@@ -130,6 +131,7 @@ class MultiAgentTrainer(_BaseTrainer):
     config_class = MultiAgentConfig  # built when args is None
     args_class: type | None = None  # what args must be an instance of (default: config_class)
     supports_per_agent_rewards = False
+    supports_shared_base = True  # agents as adapters on one base model (share_base_model=True)
     # The group baseline of assign_returns; None for critic-based trainers.
     baseline: str | None = "mean"
 
@@ -150,6 +152,7 @@ class MultiAgentTrainer(_BaseTrainer):
         wandb_config: dict | None = None,
         callbacks: list | None = None,
         optimizers: tuple = (None, None),
+        peft_config: Any = None,
     ):
         if args is None:
             args = self.config_class(output_dir=f"{self._name.lower()}-output")
@@ -188,25 +191,51 @@ class MultiAgentTrainer(_BaseTrainer):
             raise ValueError("eval_dataset is empty; pass None to disable evaluation")
         if args.parallel_training == "mp" and args.agent_devices and len(args.agent_devices) not in (1, n):
             raise ValueError(f"agent_devices has {len(args.agent_devices)} entries; give 1 or num_agents={n}")
+        if args.share_base_model:
+            if peft_config is None:
+                raise ValueError("share_base_model=True needs a peft_config: the agents are adapters on one base")
+            if agents is not None or not isinstance(agent_model, (str, os.PathLike)):
+                raise ValueError("share_base_model=True needs a homogeneous team given as agent_model=<one id>")
+            if not self.supports_shared_base:
+                raise ValueError(
+                    f"{type(self).__name__} does not support share_base_model=True (its critics or value "
+                    "heads need a model per agent); use peft_config with share_base_model=False"
+                )
+            if args.parallel_training == "mp":
+                raise ValueError(
+                    "share_base_model=True puts every agent on one model: parallel_training='mp' "
+                    "cannot place them on different devices"
+                )
         self._check_config(args)
         if wandb_config:
             _apply_wandb_config(args, wandb_config)
 
         # ---- the team ----
         sources = [agent_model] * n if agents is None else agents
-        models, names = load_agents(agent_model if agents is None else None, agents, n, model_config)
+        shared = None
+        if args.share_base_model:
+            base, base_names = load_agents(agent_model, None, 1, model_config)
+            names = base_names * n
+            if args.disable_dropout:
+                disable_dropout_in_model(base[0])
+            shared, models = build_shared_base(base[0], peft_config, n, names[0])
+        else:
+            models, names = load_agents(agent_model if agents is None else None, agents, n, model_config)
+            if args.disable_dropout:
+                for m in models:
+                    disable_dropout_in_model(m)
+            if peft_config is not None:
+                models = wrap_agents_with_peft(models, peft_config, names)
         self.tokenizers = load_tokenizers(tokenizer, names, n, sources)
-        if args.disable_dropout:
-            for m in models:
-                disable_dropout_in_model(m)
-        team = self._build_team(models, names, args)
+        self.peft_config = peft_config
+        team = self._build_team(models, names, args) if shared is None else TeamModel(models, names, shared=shared)
         if args.parallel_training == "mp":
             devices = args.agent_devices * n if len(args.agent_devices) == 1 else args.agent_devices
             for agent, dev in zip(team.agents, devices):
                 agent.to(dev)
             team.hf_device_map = {f"agents.{i}": d for i, d in enumerate(devices)}
         self.agent_names = names
-        self.eos_ids = [eos_token_ids(m, t) for m, t in zip(models, self.tokenizers)]
+        self.eos_ids = [eos_token_ids(shared if shared is not None else m, t) for m, t in zip(models, self.tokenizers)]
         self.reward = reward
         self._chat_prompts = [False] * n  # whether agent i's formatter produced chat messages (no special tokens)
         self.metrics_callback = metrics_callback
@@ -275,10 +304,16 @@ class MultiAgentTrainer(_BaseTrainer):
         return self.args.learning_rate if lr is None else lr
 
     def _build_references(self) -> list[torch.nn.Module]:
-        """Frozen copies of each agent's initial weights, for the reference-KL penalty."""
+        """Frozen copies of each agent's initial weights, for the reference-KL penalty. PEFT agents use their base
+        with the adapters disabled instead (no copy)."""
+        team = self.team
+        if team.shared_base:
+            return [AdapterDisabled(team.shared)] * self.num_agents
+        if self.peft_config is not None:
+            return [AdapterDisabled(agent) for agent in team.agents]
         devs = self.args.reference_devices
         refs = []
-        for i, agent in enumerate(self.team.agents):
+        for i, agent in enumerate(team.agents):
             ref = copy.deepcopy(agent).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
@@ -301,8 +336,8 @@ class MultiAgentTrainer(_BaseTrainer):
         team = self.accelerator.unwrap_model(team)
         decay = set(self.get_decay_parameter_names(team))
         groups: list[dict] = []
-        for i, agent in enumerate(team.agents):
-            named = [(f"agents.{i}.{k}", p) for k, p in agent.named_parameters() if p.requires_grad]
+        for i in range(team.num_agents):
+            named = team.agent_named_parameters(i)
             groups += _decay_groups(
                 named, decay, self.args.weight_decay, self._agent_learning_rate(i), f"agent_{i + 1}"
             )
@@ -364,9 +399,54 @@ class MultiAgentTrainer(_BaseTrainer):
             torch.no_grad(),
             unwrap_model_for_generation(self.model_wrapped, self.accelerator) as team,
         ):
+            if team.shared_base:
+                return self._generate_shared(team, prompts_per_agent, num_generations)
             return self.generate_with(
                 list(team.agents), self.tokenizers, prompts_per_agent, num_generations, self.eos_ids
             )
+
+    def _generate_shared(self, team: TeamModel, prompts_per_agent, G: int) -> list[GenerationOutput]:
+        """Shared-base team: ONE `generate` call for every agent's prompts x G, each row with its agent's adapter
+        (PEFT mixed-adapter batches), instead of one call per agent."""
+        from trl.trainer.utils import pad
+
+        rows, owners = [], []
+        for i, prompts in enumerate(prompts_per_agent):
+            if not prompts:
+                continue
+            chat = getattr(prompts[0], "chat", False)
+            for ids in self.tokenizers[i](list(prompts), add_special_tokens=not chat)["input_ids"]:
+                if self.args.max_prompt_length is not None:
+                    ids = ids[-self.args.max_prompt_length :]
+                rows += [torch.tensor(ids, dtype=torch.long)] * G
+                owners += [i] * G
+        pad_id = self.tokenizers[0].pad_token_id
+        input_ids = pad(rows, pad_id, padding_side="left")
+        mask = pad([torch.ones_like(r) for r in rows], 0, padding_side="left")
+        pm = team.shared
+        was_training = pm.training
+        pm.eval()
+        try:
+            out = mixed_adapter_generate(
+                pm,
+                input_ids.to(self.agent_device(0)),
+                mask.to(self.agent_device(0)),
+                [team.agents[i].adapter for i in owners],
+                self._generation_config(0, 1),
+            )
+        finally:
+            pm.train(was_training)
+        completions = out[:, input_ids.shape[1] :].cpu()
+        cmask = completion_mask(completions, self.eos_ids[0])
+        lengths = cmask.sum(dim=1).tolist()
+        per_agent = [GenerationOutput([], [], []) for _ in prompts_per_agent]
+        comp_ids = [completions[r, : lengths[r]] for r in range(len(rows))]
+        texts = self.tokenizers[0].batch_decode([c.tolist() for c in comp_ids], skip_special_tokens=True)
+        for r, i in enumerate(owners):
+            per_agent[i].texts.append(texts[r])
+            per_agent[i].prompt_ids.append(rows[r])
+            per_agent[i].completion_ids.append(comp_ids[r])
+        return per_agent
 
     def generate_with(
         self,
@@ -376,38 +456,54 @@ class MultiAgentTrainer(_BaseTrainer):
         num_generations: int,
         eos_ids: Sequence[list[int]] | None = None,
     ) -> list[GenerationOutput]:
-        """Sample with the given models (one per agent; e.g. a comparator's) and the trainer's sampling settings."""
+        """Sample with the given models (one per agent; e.g. a comparator's) and the trainer's sampling settings.
+
+        With `parallel_training="mp"` the agents' `generate` calls run in one thread each, so agents on different
+        devices generate at the same time (tokenizing and decoding stay on the calling thread).
+        """
         if eos_ids is None:
             eos_ids = [eos_token_ids(m, t) for m, t in zip(models, tokenizers)]
-        out = []
-        for i, (model, prompts) in enumerate(zip(models, prompts_per_agent)):
+        G = num_generations
+        encoded = [self._encode_prompts(tok, prompts) for tok, prompts in zip(tokenizers, prompts_per_agent)]
+        configs = [self._generation_config(i, G, tokenizers[i], eos_ids[i]) for i in range(len(models))]
+
+        def run(i: int) -> torch.Tensor:
+            model, (ids, mask) = models[i], encoded[i]
             # eval mode: transformers' generation is ~25% faster on small models than in train mode, and sampling
             # must not depend on the train/eval state anyway (dropout is disabled)
             was_training = model.training
             model.eval()
             try:
-                out.append(self._generate_agent(model, i, prompts, num_generations, tokenizers[i], eos_ids[i]))
+                device = next(model.parameters()).device
+                out = model.generate(
+                    input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=configs[i]
+                )
+                return out[:, ids.shape[1] :].cpu()
             finally:
                 model.train(was_training)
-        return out
 
-    def _generate_agent(
-        self, agent, i: int, prompts: list[PromptText], G: int, tokenizer=None, eos_ids: list[int] | None = None
-    ) -> GenerationOutput:
-        tok = tokenizer if tokenizer is not None else self.tokenizers[i]
-        eos_ids = eos_ids if eos_ids is not None else self.eos_ids[i]
+        if self.args.parallel_training == "mp" and len(models) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=len(models)) as pool:
+                completions = list(pool.map(run, range(len(models))))
+        else:
+            completions = [run(i) for i in range(len(models))]
+        return [self._decode(tokenizers[i], encoded[i], completions[i], eos_ids[i], G) for i in range(len(models))]
+
+    def _encode_prompts(self, tok, prompts: list[PromptText]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and mask (no special tokens after a chat template), cut to `max_prompt_length`."""
         chat = bool(prompts) and getattr(prompts[0], "chat", False)
         enc = tok(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=not chat)
         ids, mask = enc["input_ids"], enc["attention_mask"]
         if self.args.max_prompt_length is not None and ids.shape[1] > self.args.max_prompt_length:
             ids, mask = ids[:, -self.args.max_prompt_length :], mask[:, -self.args.max_prompt_length :]
-        device = next(agent.parameters()).device
-        out = agent.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            generation_config=self._generation_config(i, G, tok, eos_ids),
-        )
-        completions = out[:, ids.shape[1] :].cpu()
+        return ids, mask
+
+    @staticmethod
+    def _decode(tok, encoded, completions: torch.Tensor, eos_ids: list[int], G: int) -> GenerationOutput:
+        """Completions cut after their first EOS, their text, and each row's prompt ids."""
+        ids, mask = encoded
         cmask = completion_mask(completions, eos_ids)
         lengths = cmask.sum(dim=1).tolist()
         comp_ids = [completions[r, : lengths[r]] for r in range(completions.shape[0])]
@@ -767,6 +863,16 @@ def _decay_groups(
 
 def _load_agent_weights(agent: torch.nn.Module, folder: str) -> None:
     from safetensors.torch import load_file
+
+    if hasattr(agent, "load_saved"):  # an adapter on a shared base
+        agent.load_saved(folder)
+        return
+    adapter_file = os.path.join(folder, "adapter_model.safetensors")
+    if os.path.isfile(adapter_file):  # a PEFT agent: its adapter
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(agent, load_file(adapter_file))
+        return
 
     single = os.path.join(folder, "model.safetensors")
     index = os.path.join(folder, "model.safetensors.index.json")

@@ -71,6 +71,9 @@ class MultiAgentConfig(_BaseConfig):
         eval_batch_size: task items rolled out together during evaluation (`per_device_eval_batch_size`).
         parallel_training: `"none"` (accelerate places everything) or `"mp"` (explicit per-agent devices).
         agent_devices: one device per agent (or one for all) in `"mp"` mode, e.g. `["cuda:0", "cuda:1"]`.
+        share_base_model: with a `peft_config`, make every agent an adapter on ONE frozen base model (a homogeneous
+            team given as `agent_model`): n agents for the memory of about one model; generation runs one call for all
+            agents with a per-row adapter; the reference model of the KL penalty is the base with adapters disabled.
         disable_dropout: disable dropout in the agents (as TRL's trainers do) so sampling and scoring agree.
         trace_dir: when set, every training step appends each agent's prompts, completions and rewards to
             `trace_dir/trace_rank{r}.jsonl` (one JSON record per joint action).
@@ -148,6 +151,11 @@ class MultiAgentConfig(_BaseConfig):
         metadata={"help": "'none' or 'mp' (explicit per-agent devices).", "choices": list(PARALLEL_MODES)},
     )
     agent_devices: list[str] | None = field(default=None, metadata={"help": "One device per agent in 'mp' mode."})
+
+    # PEFT
+    share_base_model: bool = field(
+        default=False, metadata={"help": "With peft_config: every agent an adapter on ONE shared frozen base."}
+    )
 
     # Misc
     disable_dropout: bool = field(default=True, metadata={"help": "Disable dropout in the agents."})
