@@ -7,6 +7,7 @@ import torch
 
 from trl_marl.algorithms import (
     RunningMeanStd,
+    baseline_advantages,
     bradley_terry_loss,
     completion_mask,
     cross_sample_returns,
@@ -207,3 +208,9 @@ def test_running_mean_std():
     other = RunningMeanStd()
     other.load_state_dict(rms.state_dict())
     assert other.mean == rms.mean and other.count == 5
+
+
+def test_baseline_advantages_against_an_external_value():
+    torch.testing.assert_close(baseline_advantages(R, 2.5), torch.tensor([-1.5, -0.5, 0.5, 3.5]))
+    std = math.sqrt((4 + 1 + 0 + 9) / 4)
+    torch.testing.assert_close(baseline_advantages(R, 2.5, normalize=True), torch.tensor([-2.0, -1.0, 0.0, 3.0]) / std)

@@ -218,3 +218,25 @@ def test_rollout_buffer_split_into_training_steps(make_args, items, tiny_path):
     assert calls == [8, 8]  # 2 rollouts of 4 items x G=2, each feeding 2 training steps
     assert t.state.global_step == 4
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
+
+
+def test_remax_greedy_baseline(make_args, items, tiny_path):
+    calls = []
+
+    def counting(c1, c2):
+        calls.append(len(c1))
+        return [float(len(a)) for a in c1]
+
+    args = make_args(MAReMaxConfig, remax_baseline="greedy", num_generations=2, max_steps=1)
+    t = MAReMaxTrainer(agent_model=tiny_path, reward_func=counting, args=args, train_dataset=items)
+    rollout = t._rollout_step([items[0], items[1]])[0]["rollout"]
+    assert calls == [2 * 2 + 2]  # the sampled AND the greedy joint actions, in one reward call
+    greedy = t.generate([[t._render(0, items[0]["prompt"])], [t._render(1, items[0]["prompt"])]], 1, greedy=True)
+    node = rollout.nodes[0]
+    assert node.greedy_reward == float(len(greedy[0].texts[0]))  # deterministic: the same greedy decode
+    for i in range(2):
+        for sid in node.samples[i]:
+            s = rollout.samples[sid]
+            assert s.advantage == pytest.approx(s.ret - node.greedy_reward)
+    with pytest.raises(ValueError, match="remax_baseline='greedy' needs num_turns=1"):
+        make_args(MAReMaxConfig, remax_baseline="greedy", num_turns=2)

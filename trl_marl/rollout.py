@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .algorithms.advantages import cross_sample_returns, group_advantages, tree_returns
+from .algorithms.advantages import baseline_advantages, cross_sample_returns, group_advantages, tree_returns
 from .rewards import RewardFunction
 from .team import PromptText
 
@@ -61,7 +61,7 @@ class GenerationOutput:
     completion_ids: list[torch.Tensor]  # completion token ids per row, up to and including the first EOS
 
 
-# generate_fn(prompts_per_agent, num_generations) -> one GenerationOutput per agent
+# generate_fn(prompts_per_agent, num_generations, greedy=False) -> one GenerationOutput per agent
 GenerateFn = Callable[[list[list[PromptText]], int], list[GenerationOutput]]
 
 
@@ -99,6 +99,7 @@ class Node:
     children: dict[int, int] = field(default_factory=dict)  # joint index -> child node id
     terminated: bool = False
     returns: torch.Tensor | None = None  # (J, n) per-agent returns (discounted, penalties included)
+    greedy_reward: float | None = None  # reward of the greedy joint action (ReMax's baseline), when sampled
     undiscounted_returns: torch.Tensor | None = None  # (J,) mean over agents of the raw reward-to-go
 
 
@@ -185,6 +186,8 @@ class JointRollout:
         external_transition: called after each non-final turn per joint action, returns one prompt per agent.
         external_prompt_passthrough: use the transition's prompts verbatim instead of formatting them.
         early_termination_threshold: a node stops expanding when its mean processed reward exceeds this.
+        greedy_baseline: also decode every node greedily (one more batched `generate` per agent) and score that
+            joint action in the same reward call; its reward is `node.greedy_reward` (ReMax's baseline).
     """
 
     def __init__(
@@ -199,6 +202,7 @@ class JointRollout:
         external_transition: Callable | None = None,
         external_prompt_passthrough: bool = False,
         early_termination_threshold: float | None = None,
+        greedy_baseline: bool = False,
     ):
         if joint_mode not in JOINT_MODES:
             raise ValueError(f"joint_mode must be one of {JOINT_MODES}, got {joint_mode!r}")
@@ -214,6 +218,7 @@ class JointRollout:
         self.external_transition = external_transition
         self.external_prompt_passthrough = external_prompt_passthrough
         self.early_termination_threshold = early_termination_threshold
+        self.greedy_baseline = greedy_baseline
         self._transition_kwargs = _accepted_kwargs(external_transition) if external_transition else set()
         size = tree_size(num_generations, num_agents, num_turns, joint_mode)
         if size > TREE_WARN_SIZE:
@@ -261,9 +266,17 @@ class JointRollout:
         return prompts
 
     # --- the rollout ---
-    def run(self, items: Sequence[dict], generate_fn: GenerateFn, num_generations: int | None = None) -> Rollout:
-        """Roll out `items`; `num_generations` overrides G (evaluation uses 1)."""
+    def run(
+        self,
+        items: Sequence[dict],
+        generate_fn: GenerateFn,
+        num_generations: int | None = None,
+        greedy_baseline: bool | None = None,
+    ) -> Rollout:
+        """Roll out `items`; `num_generations` overrides G (evaluation uses 1), `greedy_baseline` overrides the
+        engine's setting (evaluation never needs it)."""
         G = num_generations or self.num_generations
+        self._greedy_now = self.greedy_baseline if greedy_baseline is None else greedy_baseline
         rollout = Rollout(list(items), [], [], self.num_agents, G, self.joint_mode)
         frontier: list[Node] = []
         for b, item in enumerate(rollout.items):
@@ -336,7 +349,7 @@ class JointRollout:
                 node.joint = [tuple([k] * n) for k in range(G)]
             else:
                 node.joint = list(itertools.product(range(G), repeat=n))
-        # ONE reward call for every joint action of this turn
+        # ONE reward call for every joint action of this turn (and the greedy joint actions, if any)
         comps: list[list[str]] = [[] for _ in range(n)]
         task_prompts, batch_items, owners = [], [], []
         for node in nodes:
@@ -348,15 +361,27 @@ class JointRollout:
                 task_prompts.append(tp)
                 batch_items.append(item)
                 owners.append(node)
+        greedy = getattr(self, "_greedy_now", False)
+        if greedy:
+            outs = generate_fn(prompts_per_agent, 1, greedy=True)
+            for m, node in enumerate(nodes):
+                for i in range(n):
+                    comps[i].append(outs[i].texts[m])
+                task_prompts.append(self.task_prompt(rollout.items[node.item], node.prompts))
+                batch_items.append(rollout.items[node.item])
         t0 = time.perf_counter()
         processed, raw = self.reward(comps, task_prompts, batch_items)
         rollout.reward_seconds += time.perf_counter() - t0
-        rollout.env_steps += len(owners)
+        rollout.env_steps += len(task_prompts)
         start = 0
         for node in nodes:
             J = len(node.joint)
             node.rewards, node.raw_rewards = processed[start : start + J], raw[start : start + J]
             start += J
+        if greedy:
+            for m, node in enumerate(nodes):
+                node.greedy_reward = float(_shared(processed[start + m : start + m + 1])[0])
+        for node in nodes:
             thr = self.early_termination_threshold
             node.terminated = thr is not None and _shared(node.rewards).mean().item() > thr
 
@@ -394,11 +419,14 @@ def assign_returns(
                 per_sample = node.returns[:, i]
             else:
                 per_sample = cross_sample_returns(node.returns[:, i].reshape((G,) * n), agent=i)
-            adv = (
-                group_advantages(per_sample, baseline, normalize)
-                if baseline is not None and G > 1 or baseline == "raw"
-                else torch.zeros_like(per_sample)
-            )
+            if baseline == "greedy":
+                if node.greedy_reward is None:
+                    raise RuntimeError("the greedy baseline needs the rollout's greedy joint actions")
+                adv = baseline_advantages(per_sample, node.greedy_reward, normalize)
+            elif baseline is not None and G > 1 or baseline == "raw":
+                adv = group_advantages(per_sample, baseline, normalize)
+            else:
+                adv = torch.zeros_like(per_sample)
             for k, sid in enumerate(node.samples[i]):
                 rollout.samples[sid].ret = per_sample[k].item()
                 rollout.samples[sid].advantage = adv[k].item()

@@ -2,6 +2,7 @@
 
 from .advantages import (
     BASELINES,
+    baseline_advantages,
     RunningMeanStd,
     cross_sample_returns,
     gae,
@@ -17,6 +18,7 @@ from .losses import bradley_terry_loss, k3_kl, madpo_loss, policy_gradient_loss,
 
 __all__ = [
     "BASELINES",
+    "baseline_advantages",
     "RunningMeanStd",
     "bradley_terry_loss",
     "completion_mask",

@@ -13,6 +13,7 @@ import torch
 __all__ = [
     "BASELINES",
     "group_advantages",
+    "baseline_advantages",
     "normalize_in_groups",
     "cross_sample_returns",
     "tree_returns",
@@ -68,6 +69,19 @@ def group_advantages(returns: torch.Tensor, baseline: str = "mean", normalize: b
     if normalize:
         adv = _zscore(adv, dim=-1)
     return adv
+
+
+def baseline_advantages(
+    returns: torch.Tensor, baseline: torch.Tensor | float, normalize: bool = False
+) -> torch.Tensor:
+    """Advantages against an external baseline value (e.g. ReMax's greedy sample reward):
+
+        A_j = R_j - b
+
+    optionally z-scored inside the group (last dimension), with the same all-equal guard as `group_advantages`.
+    """
+    adv = returns.to(torch.float32) - torch.as_tensor(baseline, dtype=torch.float32)
+    return _zscore(adv, dim=-1) if normalize else adv
 
 
 def _zscore(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

@@ -377,9 +377,23 @@ class MultiAgentTrainer(_BaseTrainer):
 
     # ------------------------------------------------------------------ generation
     def _generation_config(
-        self, i: int, num_return_sequences: int = 1, tokenizer=None, eos_ids: list[int] | None = None
+        self,
+        i: int,
+        num_return_sequences: int = 1,
+        tokenizer=None,
+        eos_ids: list[int] | None = None,
+        greedy: bool = False,
     ) -> GenerationConfig:
         tok = tokenizer if tokenizer is not None else self.tokenizers[i]
+        if greedy:
+            return GenerationConfig(
+                num_return_sequences=num_return_sequences,
+                do_sample=False,
+                max_new_tokens=self.args.max_new_tokens,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=eos_ids if eos_ids is not None else self.eos_ids[i],
+                use_cache=True,
+            )
         return GenerationConfig(
             num_return_sequences=num_return_sequences,
             do_sample=True,
@@ -392,7 +406,9 @@ class MultiAgentTrainer(_BaseTrainer):
             use_cache=True,
         )
 
-    def generate(self, prompts_per_agent: list[list[PromptText]], num_generations: int) -> list[GenerationOutput]:
+    def generate(
+        self, prompts_per_agent: list[list[PromptText]], num_generations: int, greedy: bool = False
+    ) -> list[GenerationOutput]:
         """Sample `num_generations` completions per prompt for every agent: ONE `generate` call per agent covering
         all its prompts (prompt-major rows). Under ZeRO-3 the parameters are gathered once for the whole team."""
         with (
@@ -400,12 +416,14 @@ class MultiAgentTrainer(_BaseTrainer):
             unwrap_model_for_generation(self.model_wrapped, self.accelerator) as team,
         ):
             if team.shared_base:
-                return self._generate_shared(team, prompts_per_agent, num_generations)
+                return self._generate_shared(team, prompts_per_agent, num_generations, greedy)
             return self.generate_with(
-                list(team.agents), self.tokenizers, prompts_per_agent, num_generations, self.eos_ids
+                list(team.agents), self.tokenizers, prompts_per_agent, num_generations, self.eos_ids, greedy
             )
 
-    def _generate_shared(self, team: TeamModel, prompts_per_agent, G: int) -> list[GenerationOutput]:
+    def _generate_shared(
+        self, team: TeamModel, prompts_per_agent, G: int, greedy: bool = False
+    ) -> list[GenerationOutput]:
         """Shared-base team: ONE `generate` call for every agent's prompts x G, each row with its agent's adapter
         (PEFT mixed-adapter batches), instead of one call per agent."""
         from trl.trainer.utils import pad
@@ -432,7 +450,7 @@ class MultiAgentTrainer(_BaseTrainer):
                 input_ids.to(self.agent_device(0)),
                 mask.to(self.agent_device(0)),
                 [team.agents[i].adapter for i in owners],
-                self._generation_config(0, 1),
+                self._generation_config(0, 1, greedy=greedy),
             )
         finally:
             pm.train(was_training)
@@ -455,8 +473,9 @@ class MultiAgentTrainer(_BaseTrainer):
         prompts_per_agent,
         num_generations: int,
         eos_ids: Sequence[list[int]] | None = None,
+        greedy: bool = False,
     ) -> list[GenerationOutput]:
-        """Sample with the given models (one per agent; e.g. a comparator's) and the trainer's sampling settings.
+        """Sample (or, with `greedy`, decode greedily) with the given models (one per agent; e.g. a comparator's) and the trainer's sampling settings.
 
         With `parallel_training="mp"` the agents' `generate` calls run in one thread each, so agents on different
         devices generate at the same time (tokenizing and decoding stay on the calling thread).
@@ -465,7 +484,7 @@ class MultiAgentTrainer(_BaseTrainer):
             eos_ids = [eos_token_ids(m, t) for m, t in zip(models, tokenizers)]
         G = num_generations
         encoded = [self._encode_prompts(tok, prompts) for tok, prompts in zip(tokenizers, prompts_per_agent)]
-        configs = [self._generation_config(i, G, tokenizers[i], eos_ids[i]) for i in range(len(models))]
+        configs = [self._generation_config(i, G, tokenizers[i], eos_ids[i], greedy) for i in range(len(models))]
 
         def run(i: int) -> torch.Tensor:
             model, (ids, mask) = models[i], encoded[i]
@@ -726,7 +745,7 @@ class MultiAgentTrainer(_BaseTrainer):
             torch.manual_seed(self.args.seed + 1_000_003 * (rank + 1))
             for start in range(0, len(indices), bs):
                 items = [ds[j] for j in indices[start : start + bs]]
-                rollout = self.rollout_engine.run(items, self.generate, num_generations=1)
+                rollout = self.rollout_engine.run(items, self.generate, num_generations=1, greedy_baseline=False)
                 from ..rollout import assign_returns
 
                 assign_returns(rollout, 1.0, None, False)

@@ -167,21 +167,56 @@ class MARLOOTrainer(MAGRPOTrainer):
 
 @dataclass
 class MAReMaxConfig(MAGRPOConfig):
-    r"""Configuration of `MAReMaxTrainer`: group-max baseline. Normalization defaults off (with it on, the trainer
-    would be identical to MAGRPO)."""
+    r"""Configuration of `MAReMaxTrainer`. Normalization defaults off (with it on, the trainer would be identical to
+    MAGRPO).
+
+    Parameters:
+        remax_baseline: `"max"` — the group's best sample, `A_j = R_j - max(R)` (the reference library's meaning);
+            `"greedy"` — ReMax proper, `A_j = R_j - R(greedy)`: every node is also decoded greedily by each agent
+            (one more batched `generate` per agent) and that joint action is scored in the same reward call.
+            `"greedy"` needs `num_turns=1`.
+    """
 
     advantage_normalization: bool = field(
         default=False, metadata={"help": "Z-score advantages inside each group (makes it identical to MAGRPO)."}
     )
+    remax_baseline: str = field(
+        default="max",
+        metadata={
+            "help": "max (the group's best sample) or greedy (the greedy joint action's reward).",
+            "choices": ["max", "greedy"],
+        },
+    )
+
+    def _validate_multi_agent(self) -> None:
+        super()._validate_multi_agent()
+        if self.remax_baseline not in ("max", "greedy"):
+            raise ValueError(f"remax_baseline must be one of ['max', 'greedy'], got {self.remax_baseline!r}")
+        if self.remax_baseline == "greedy" and self.num_turns != 1:
+            raise ValueError(
+                "remax_baseline='greedy' needs num_turns=1 (the greedy joint action is a one-turn baseline)"
+            )
 
 
 class MAReMaxTrainer(MAGRPOTrainer):
-    """Multi-agent ReMax with the reference library's meaning: `A_j = R_j - max(R)` (the group's best sample)."""
+    """Multi-agent ReMax: `A_j = R_j - max(R)` (the group's best sample, the reference library's meaning) or, with
+    `remax_baseline="greedy"`, `A_j = R_j - R(greedy joint action)` (ReMax proper)."""
 
     _name = "MAReMax"
     _tag_names = ["trl", "trl_marl", "multi-agent", "maremax"]
     config_class = MAReMaxConfig
     baseline = "max"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if getattr(self.args, "remax_baseline", "max") == "greedy":
+            self.baseline = "greedy"
+            self.rollout_engine.greedy_baseline = True
+
+    def _check_config(self, args) -> None:
+        greedy = getattr(args, "remax_baseline", "max") == "greedy"
+        if not greedy:
+            super()._check_config(args)  # the group max needs G >= 2; the greedy baseline does not
 
 
 class CentralizedMAGRPOTrainer(MAGRPOTrainer):
