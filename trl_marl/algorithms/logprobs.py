@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from trl.trainer.utils import selective_log_softmax
 
 __all__ = ["completion_mask", "token_logprobs", "sequence_logprobs"]
 
@@ -36,8 +35,11 @@ def token_logprobs(logits: torch.Tensor, completion_ids: torch.Tensor, temperatu
     """Per-token log-probabilities `(B, C)` of `completion_ids` under `logits` `(B, C, V)`.
 
     `logits[:, t]` must be the prediction for `completion_ids[:, t]` (i.e. already shifted). Uses TRL's
-    `selective_log_softmax` (memory-efficient log_softmax + gather).
+    `selective_log_softmax` (memory-efficient log_softmax + gather), imported here so that the rest of
+    `trl_marl.algorithms` stays importable without loading TRL.
     """
+    from trl.trainer.utils import selective_log_softmax
+
     return selective_log_softmax(logits, completion_ids, temperature=temperature)
 
 
