@@ -37,11 +37,14 @@ def launch(config: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def check_run(out: Path, distributed_type: str, num_agents: int = 2) -> None:
-    for which in ("magrpo", "madpo"):
+def check_run(out: Path, distributed_type: str, num_agents: int = 2, trainers=("magrpo", "madpo")) -> None:
+    for which in trainers:
         info = json.loads((out / which / "run_info.json").read_text())
         assert info["num_processes"] == 2 and info["distributed_type"] == distributed_type, info
-        assert info["global_step"] == 2
+        if which == "madpoiter":
+            assert info["completed_rounds"] == 2 and info["global_step"] > 0
+        else:
+            assert info["global_step"] == 2
         gathered = torch.load(out / which / "gathered.pt")
         team = json.loads((out / which / "team.json").read_text())
         assert len(team["agents"]) == num_agents
@@ -77,8 +80,13 @@ def check_advantages(trace: Path) -> None:
 
 
 def test_two_process_ddp_on_cpu(tmp_path, tiny_path, tiny_qwen_path):
-    launch("multi_cpu", tmp_path)
-    check_run(tmp_path, "DistributedType.MULTI_CPU")
+    """Every trainer family under DDP: MAGRPO, MADPO, MAAC, MARLHF and the iterative MADPO."""
+    launch("multi_cpu", tmp_path, "all")
+    check_run(tmp_path, "DistributedType.MULTI_CPU", trainers=("magrpo", "madpo", "maac", "marlhf", "madpoiter"))
+    for which in ("maac", "marlhf"):
+        assert (tmp_path / which / ("critic" if which == "maac" else "reward_model")).is_dir()
+    rounds = sorted((tmp_path / "madpoiter" / "preference_replay").glob("iteration_*.json"))
+    assert [r.name for r in rounds] == ["iteration_0001.json", "iteration_0002.json"]
 
 
 def test_deepspeed_zero2_on_cpu(tmp_path, tiny_path, tiny_qwen_path):

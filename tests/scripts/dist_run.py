@@ -1,5 +1,6 @@
-"""Launched by tests/test_distributed.py under `accelerate launch`: trains a small team with MAGRPO, then with MADPO,
-in the same processes, and (main process) writes what the test checks. Arguments: OUTPUT_DIR [hetero]."""
+"""Launched by tests/test_distributed.py under `accelerate launch`: trains a small team with MAGRPO, then with MADPO
+(and with `all`, also MAAC, MARLHF and MADPOIter), in the same processes, and (main process) writes what the test
+checks. Arguments: OUTPUT_DIR [hetero | all]."""
 
 import json
 import os
@@ -17,15 +18,27 @@ def reward(c1, c2):
 
 def main():
     out = sys.argv[1]
-    hetero = len(sys.argv) > 2 and sys.argv[2] == "hetero"
-    for which in ("magrpo", "madpo"):
-        run(which, os.path.join(out, which), hetero)
+    mode = sys.argv[2] if len(sys.argv) > 2 else ""
+    trainers = ("magrpo", "madpo", "maac", "marlhf", "madpoiter") if mode == "all" else ("magrpo", "madpo")
+    for which in trainers:
+        run(which, os.path.join(out, which), mode == "hetero")
 
 
 def run(which, out, hetero):
     from datasets import Dataset
 
-    from trl_marl import MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
+    from trl_marl import (
+        MAACConfig,
+        MAACTrainer,
+        MADPOConfig,
+        MADPOIterConfig,
+        MADPOIterTrainer,
+        MADPOTrainer,
+        MAGRPOConfig,
+        MAGRPOTrainer,
+        MARLHFConfig,
+        MARLHFTrainer,
+    )
     from trl_marl.testing import tiny_model_path
 
     items = Dataset.from_list(
@@ -56,11 +69,36 @@ def run(which, out, hetero):
             num_generations=3, rollout_buffer_size=2, max_steps=2, trace_dir=os.path.join(out, "trace"), **common
         )
         trainer = MAGRPOTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
-    else:
+    elif which == "madpo":
         args = MADPOConfig(
             preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, max_steps=2, **common
         )
         trainer = MADPOTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+    elif which == "maac":
+        args = MAACConfig(rollout_buffer_size=2, max_steps=2, **common)
+        trainer = MAACTrainer(
+            reward_func=reward,
+            args=args,
+            train_dataset=items,
+            eval_dataset=items,
+            critic_model=tiny_model_path(),
+            **team,
+        )
+    elif which == "marlhf":
+        args = MARLHFConfig(
+            preference_num_candidates=3,
+            num_generations=2,
+            rollout_buffer_size=2,
+            max_steps=2,
+            reward_learning_rate=1e-3,
+            **common,
+        )
+        trainer = MARLHFTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+    else:
+        args = MADPOIterConfig(
+            preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, num_iterations=2, **common
+        )
+        trainer = MADPOIterTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     trainer.train()
     metrics = trainer.evaluate_reward()
     trainer.save_model(out)
@@ -76,6 +114,7 @@ def run(which, out, hetero):
             "num_processes": acc.num_processes,
             "distributed_type": str(acc.distributed_type),
             "global_step": trainer.state.global_step,
+            "completed_rounds": getattr(trainer, "completed_rounds", None),
             "eval_reward": metrics["eval_reward"],
             "env_step": trainer.state.log_history[0].get("env_step"),
             "num_pairs": len(getattr(trainer, "pairs", None) or []),
