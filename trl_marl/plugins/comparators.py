@@ -40,6 +40,23 @@ __all__ = [
 GENERATION_MODES = ("decentralized", "centralized")
 
 
+def parse_joint_completions(adapter, texts: Sequence[str], num_items: int, num_candidates: int):
+    """Split centralized joint completions (item-major, `num_candidates` per item) into role outputs; a completion
+    that does not parse becomes `None` (dropped, not emptied). Returns `(joint, number of parse failures)`."""
+    joint: list[list[list[str] | None]] = []
+    failures = 0
+    for b in range(num_items):
+        row = []
+        for c in range(num_candidates):
+            try:
+                row.append(adapter.parse_completion(texts[b * num_candidates + c]))
+            except CentralizedParseError:
+                failures += 1
+                row.append(None)
+        joint.append(row)
+    return joint, failures
+
+
 def _rng_state_to_list(state: torch.Tensor) -> list[int]:
     return state.tolist()
 
@@ -95,16 +112,8 @@ class ModelComparator:
                 for b, item in enumerate(items)
             ]
             out = self.sample(trainer, [models[k]], [tokenizers[k]], [joint_prompts], num_candidates)[0]
-        joint: list[list[list[str] | None]] = []
-        for b in range(B):
-            row = []
-            for c in range(num_candidates):
-                try:
-                    row.append(self.adapter.parse_completion(out.texts[b * num_candidates + c]))
-                except CentralizedParseError:
-                    self.parse_failures += 1
-                    row.append(None)
-            joint.append(row)
+        joint, failures = parse_joint_completions(self.adapter, out.texts, B, num_candidates)
+        self.parse_failures += failures
         return joint
 
     def state_dict(self) -> dict:
@@ -348,16 +357,8 @@ class APIComparator:
             for b, item in enumerate(items)
         ]
         out = self.client.generate(prompts, num_candidates, items=list(items), **gen)
-        joint = []
-        for b in range(B):
-            row = []
-            for c in range(num_candidates):
-                try:
-                    row.append(self.adapter.parse_completion(out[b][c]))
-                except CentralizedParseError:
-                    self.parse_failures += 1
-                    row.append(None)
-            joint.append(row)
+        joint, failures = parse_joint_completions(self.adapter, [t for row in out for t in row], B, num_candidates)
+        self.parse_failures += failures
         return joint
 
     def state_dict(self) -> dict:

@@ -312,6 +312,16 @@ class _RoundCallback(TrainerCallback):
 class IterativeMixin:
     """Rounds, the comparator, the replay buffer, round files, policy history and round checkpoints."""
 
+    def __init__(self, *args, **kwargs):
+        cfg = kwargs.get("args")
+        if cfg is None:
+            cfg = kwargs["args"] = self.config_class(output_dir=f"{self._name.lower()}-output")
+        if not isinstance(cfg, self.args_class):
+            raise TypeError(f"args must be a {self.args_class.__name__}, got {type(cfg).__name__}")
+        self._init_iterative(cfg)  # comparator and replay mode first: their errors come before any model loads
+        super().__init__(*args, **kwargs)
+        self._post_init_iterative()
+
     def _init_iterative(self, args) -> None:
         """Before the models load: build the comparator and the replay mode (their own validation)."""
         self.comparator = load_plugin(COMPARATOR_GROUP, args.comparator_policy)(args)
@@ -616,17 +626,6 @@ class MADPOIterTrainer(IterativeMixin, MADPOTrainer):
     config_class = MADPOIterConfig
     args_class = MADPOIterConfig
 
-    def __init__(self, *args, **kwargs):
-        cfg = kwargs.get("args")
-        if cfg is None:
-            cfg = self.config_class(output_dir="madpoiter-output")
-            kwargs["args"] = cfg
-        if not isinstance(cfg, self.args_class):
-            raise TypeError(f"args must be a {self.args_class.__name__}, got {type(cfg).__name__}")
-        self._init_iterative(cfg)
-        super().__init__(*args, **kwargs)
-        self._post_init_iterative()
-
     def _steps_upper_bound(self) -> int:
         a = self.args
         per_step = a.per_device_train_batch_size * self.accelerator.num_processes
@@ -665,17 +664,6 @@ class MARLHFIterTrainer(IterativeMixin, MARLHFTrainer):
     _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "iterative-rlhf"]
     config_class = MARLHFIterConfig
     args_class = MARLHFIterConfig
-
-    def __init__(self, *args, **kwargs):
-        cfg = kwargs.get("args")
-        if cfg is None:
-            cfg = self.config_class(output_dir="marlhfiter-output")
-            kwargs["args"] = cfg
-        if not isinstance(cfg, self.args_class):
-            raise TypeError(f"args must be a {self.args_class.__name__}, got {type(cfg).__name__}")
-        self._init_iterative(cfg)
-        super().__init__(*args, **kwargs)
-        self._post_init_iterative()
 
     def _rl_batches_per_round(self) -> int:
         a = self.args

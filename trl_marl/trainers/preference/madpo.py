@@ -143,6 +143,19 @@ class PreferenceCollectionMixin:
         )
         return args, reward_func, formatters
 
+    def _end_without_pairs(self, consequence: str) -> TrainOutput:
+        """No item yielded a non-tied pair: say so clearly (a warning and a printed line) and end with no update."""
+        msg = (
+            f"{self._name}: the task items yielded no preference pair without a tie (every candidate of every item "
+            f"scored the same), so {consequence}: training ends with no policy update. Raise "
+            "preference_num_candidates or temperature, or check the reward."
+        )
+        logger.warning(msg)
+        if self.accelerator.is_main_process:
+            print(msg)
+        self.no_pairs_message = msg
+        return TrainOutput(self.state.global_step, 0.0, {"num_pairs": 0})
+
     @torch.no_grad()
     def collect_preference_pairs(self, dataset=None) -> list[PreferencePair]:
         """Sample K joint responses per item (this process's share, `rollout_buffer_size` items per `generate`),
@@ -234,16 +247,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         if self.pairs is None:
             self.pairs = self.collect_preference_pairs()
         if not self.pairs:
-            msg = (
-                f"{self._name}: the task items yielded no preference pair without a tie (every candidate of every "
-                "item scored the same), so there is nothing to learn from: training ends with no policy update. "
-                "Raise preference_num_candidates or temperature, or check the reward."
-            )
-            logger.warning(msg)
-            if self.accelerator.is_main_process:
-                print(msg)
-            self.no_pairs_message = msg
-            return TrainOutput(self.state.global_step, 0.0, {"num_pairs": 0})
+            return self._end_without_pairs("there is nothing to learn from")
         out = super().train(*args, **kwargs)
         if self.eval_dataset is not None:
             self.evaluate()  # a true post-update reward, unlike turn_1/reward_mean

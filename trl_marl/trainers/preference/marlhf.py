@@ -18,7 +18,6 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-from transformers.trainer_utils import TrainOutput
 
 from ...rewards import RewardFunction
 from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
@@ -227,16 +226,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             if self.pairs is None:
                 self.pairs = self.collect_preference_pairs()
             if not self.pairs:
-                msg = (
-                    f"{self._name}: the task items yielded no preference pair without a tie, so no reward model "
-                    "can be fitted: training ends with no policy update. Raise preference_num_candidates or "
-                    "temperature, or check the reward."
-                )
-                logger.warning(msg)
-                if self.accelerator.is_main_process:
-                    print(msg)
-                self.no_pairs_message = msg
-                return TrainOutput(self.state.global_step, 0.0, {"num_pairs": 0})
+                return self._end_without_pairs("no reward model can be fitted")
             self.fit_reward_model()
         out = super().train(*args, **kwargs)
         if self.eval_dataset is not None:
