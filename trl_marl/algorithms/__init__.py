@@ -2,8 +2,8 @@
 
 from .advantages import (
     BASELINES,
-    baseline_advantages,
     RunningMeanStd,
+    baseline_advantages,
     cross_sample_returns,
     gae,
     group_advantages,
