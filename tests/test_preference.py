@@ -304,6 +304,44 @@ def test_marlhf_rl_uses_the_learned_reward_and_eval_the_task_reward(make_args, i
     assert sum(task_calls) - n_collect == 2
 
 
+def test_marlhf_learns_the_length_ratio_task(tmp_path, tiny_path):
+    """Pairs from the task reward -> a joint reward model -> RL on its scores raises the TASK reward on held-out
+    prompts (`length_ratio`: a signal a tiny model's reward model can learn; the recipe's tiny settings)."""
+    task = load_task("length_ratio")
+    args = MARLHFConfig(
+        output_dir=str(tmp_path),
+        max_new_tokens=16,
+        num_generations=4,
+        rollout_buffer_size=8,
+        learning_rate=3e-3,
+        preference_num_candidates=8,
+        pair_selection="all",
+        preference_pairs_per_sample=None,
+        reward_learning_rate=1e-3,
+        reward_num_train_epochs=1,
+        reward_max_length=40,
+        max_steps=30,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        eval_num_samples=16,
+        seed=0,
+    )
+    t = MARLHFTrainer(
+        agent_model=tiny_path,
+        reward_func=task.reward_func,
+        formatters=task.formatters,
+        args=args,
+        train_dataset=task.train_dataset,
+        eval_dataset=task.eval_dataset,
+    )
+    before = t.evaluate_reward()["eval_reward"]
+    t.train()
+    after = t.state.log_history[-1]["eval_reward"]  # the post-training evaluation, with the task reward
+    assert after > before + 0.08, (before, after)
+
+
 def test_marlhf_bad_inputs(make_args, items, tiny_path):
     with pytest.raises(ValueError, match="rl_algorithm must be one of"):
         make_args(MARLHFConfig, rl_algorithm="ppo")
