@@ -75,6 +75,27 @@ def test_accelerate_launch_madpo_the_main_job(tmp_path, tiny_path):
     assert (tmp_path / "launch" / "agent_1" / "model.safetensors").exists()
 
 
+def test_recipe_under_two_process_ddp(tmp_path, tiny_path):
+    """`accelerate launch --config_file accelerate_configs/multi_cpu.yaml recipes/magrpo.py`: both ranks train,
+    rank 0 alone prints and saves, and every rank exits cleanly (the recipe tears the process group down)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "accelerate_configs" / "multi_cpu.yaml"),
+        str(ROOT / "recipes" / "magrpo.py"),
+        *("--output_dir", str(tmp_path / "ddp"), "--max_steps", "2", "--eval_num_samples", "2"),
+        *("--rollout_buffer_size", "2", "--num_generations", "2", "--disable_tqdm", "true"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("eval reward after training") == 1  # the main process only
+    assert "terminate called" not in proc.stderr
+    assert (tmp_path / "ddp" / "agent_2" / "model.safetensors").exists()
+
+
 def test_madpo_and_marlhf_recipes(tmp_path, tiny_path):
     t = load_recipe("madpo").main(
         [

@@ -156,4 +156,9 @@ def run_recipe(
     if config.push_to_hub:
         trainer.push_to_hub(dataset_name=task.name)
     trainer.before_reward, trainer.after_reward = before, after
+    if trainer.accelerator.num_processes > 1:
+        # Tear the process group down before interpreter exit: a gloo group left to the C++ static destructors can
+        # abort a rank at exit ("terminate called without an active exception") after the work is done.
+        trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.end_training()
     return trainer

@@ -22,6 +22,12 @@ def main():
     trainers = ("magrpo", "madpo", "maac", "marlhf", "madpoiter") if mode == "all" else ("magrpo", "madpo")
     for which in trainers:
         run(which, os.path.join(out, which), mode == "hetero")
+    # destroy the process group before exit (as recipes do): a gloo group left to interpreter shutdown can abort a
+    # rank with "terminate called without an active exception" after all the work is done
+    from accelerate import PartialState
+
+    PartialState().wait_for_everyone()
+    PartialState().destroy_process_group()
 
 
 def run(which, out, hetero):
