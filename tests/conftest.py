@@ -81,3 +81,42 @@ def items():
     from datasets import Dataset
 
     return Dataset.from_list([{"prompt": f"Write about topic {i}.", "topic": str(i)} for i in range(8)])
+
+
+# Settings of the learning tests: the tiny team on a built-in task, evaluated on the task's 16 held-out items.
+LEARNING_SETTINGS = dict(
+    num_generations=4,
+    max_new_tokens=16,
+    rollout_buffer_size=8,
+    learning_rate=3e-3,
+    logging_steps=10,
+    save_strategy="no",
+    report_to="none",
+    disable_tqdm=True,
+    eval_num_samples=16,
+    seed=0,
+)
+
+
+@pytest.fixture
+def task_trainer(tmp_path, tiny_path):
+    """`task_trainer(trainer_cls, config_cls, task_name, **config)` -> (trainer, eval reward before training): a
+    trainer for the tiny team on the built-in task, with `LEARNING_SETTINGS` updated by `config`. Trainer-only
+    arguments (`critic_model=...`) go in `trainer_kwargs`."""
+
+    def build(trainer_cls, config_cls, task_name, trainer_kwargs=None, **config):
+        from trl_marl import load_task
+
+        task = load_task(task_name)
+        trainer = trainer_cls(
+            agent_model=tiny_path,
+            reward_func=task.reward_func,
+            formatters=task.formatters,
+            args=config_cls(output_dir=str(tmp_path), **{**LEARNING_SETTINGS, **config}),
+            train_dataset=task.train_dataset,
+            eval_dataset=task.eval_dataset,
+            **(trainer_kwargs or {}),
+        )
+        return trainer, trainer.evaluate_reward()["eval_reward"]
+
+    return build

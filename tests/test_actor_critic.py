@@ -17,7 +17,6 @@ from trl_marl import (
     MAACTrainer,
     MAPPOConfig,
     MAPPOTrainer,
-    load_task,
 )
 from trl_marl.algorithms import linked_gae
 from trl_marl.models import collate_critic_batch, load_value_head
@@ -438,46 +437,23 @@ def test_critic_with_another_tokenizer(make_args, items, tiny_path, other_vocab_
 
 
 # ---------------------------------------------------------------------------------------------- learning
-def _coordination_args(cfg, tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path),
-        num_agents=2,
-        num_generations=4,
-        max_new_tokens=16,
-        rollout_buffer_size=8,
-        learning_rate=5e-3,
-        max_steps=30,
-        logging_steps=10,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        eval_num_samples=16,
-        seed=0,
-    )
-    return cfg(**{**base, **kw})
-
-
 @pytest.mark.parametrize(
     "trainer_cls, cfg, kw, critic",
     [
         (MAACTrainer, MAACConfig, {"max_steps": 25}, True),
-        (IACTrainer, IACConfig, {}, False),
-        (MAPPOTrainer, MAPPOConfig, {"ppo_epochs": 2, "learning_rate": 7e-3}, True),
+        (IACTrainer, IACConfig, {"max_steps": 30}, False),
+        (MAPPOTrainer, MAPPOConfig, {"max_steps": 30, "ppo_epochs": 2, "learning_rate": 7e-3}, True),
     ],
     ids=["maac", "iac", "mappo"],
 )
-def test_learns_the_coordination_task(tmp_path, tiny_path, trainer_cls, cfg, kw, critic):
-    task = load_task("coordination")
-    trainer = trainer_cls(
-        agent_model=tiny_path,
-        reward_func=task.reward_func,
-        formatters=task.formatters,
-        args=_coordination_args(cfg, tmp_path, **kw),
-        train_dataset=task.train_dataset,
-        eval_dataset=task.eval_dataset,
-        **({"critic_model": tiny_path} if critic else {}),
+def test_learns_the_coordination_task(task_trainer, tiny_path, trainer_cls, cfg, kw, critic):
+    trainer, before = task_trainer(
+        trainer_cls,
+        cfg,
+        "coordination",
+        trainer_kwargs={"critic_model": tiny_path} if critic else None,
+        **{"learning_rate": 5e-3, **kw},
     )
-    before = trainer.evaluate_reward()["eval_reward"]
     trainer.train()
     after = trainer.evaluate_reward()["eval_reward"]
     assert after > before + 0.1, (before, after)

@@ -12,7 +12,7 @@ import torch
 from datasets import Dataset
 from safetensors.torch import load_file
 
-from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer, load_task
+from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 from trl_marl.plugins.comparators import FixedModelComparator, ModelComparator
 from trl_marl.trainers.preference.iterative import read_round_file, write_round_file
 from trl_marl.trainers.preference.pairs import select_aligned_pairs
@@ -358,33 +358,17 @@ def test_kill_after_round_two_and_resume_gives_the_same_round_three(tmp_path, sm
 
 
 # ---------------------------------------------------------------- learning
-def test_madpo_iter_improves_over_three_rounds(tmp_path, tiny_path):
-    task = load_task("coordination")
-    args = MADPOIterConfig(
-        output_dir=str(tmp_path),
-        max_new_tokens=16,
+def test_madpo_iter_improves_over_three_rounds(task_trainer):
+    t, before = task_trainer(
+        MADPOIterTrainer,
+        MADPOIterConfig,
+        "coordination",
         rollout_buffer_size=16,
         preference_num_candidates=4,
         train_batch_size=8,
-        learning_rate=3e-3,
         num_train_epochs=2,
         num_iterations=3,
-        logging_steps=10,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        eval_num_samples=16,
-        seed=0,
     )
-    t = MADPOIterTrainer(
-        agent_model=tiny_path,
-        reward_func=task.reward_func,
-        formatters=task.formatters,
-        args=args,
-        train_dataset=task.train_dataset,
-        eval_dataset=task.eval_dataset,
-    )
-    before = t.evaluate_reward()["eval_reward"]
     t.train()
     after = t.state.log_history[-1]["eval_reward"]
     assert after > before + 0.1, (before, after)
@@ -421,38 +405,20 @@ def test_marlhf_iter_runs_rounds_with_fresh_reward_models(tmp_path, small_items,
     assert "eval_reward" in t.state.log_history[-1]
 
 
-def test_marlhf_iter_improves_over_three_rounds(tmp_path, tiny_path):
+def test_marlhf_iter_improves_over_three_rounds(task_trainer):
     """Three rounds of (pairs against the current policy -> a fresh joint reward model -> 3 RL epochs on its scores)
     raise the TASK reward on held-out prompts of `length_ratio` (fixed seed)."""
-    task = load_task("length_ratio")
-    args = MARLHFIterConfig(
-        output_dir=str(tmp_path),
-        max_new_tokens=16,
-        num_generations=4,
-        rollout_buffer_size=8,
-        learning_rate=3e-3,
+    t, before = task_trainer(
+        MARLHFIterTrainer,
+        MARLHFIterConfig,
+        "length_ratio",
         preference_num_candidates=8,
         reward_learning_rate=1e-3,
         reward_num_train_epochs=1,
         reward_max_length=40,
         num_iterations=3,
         num_train_epochs=3,
-        logging_steps=10,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        eval_num_samples=16,
-        seed=0,
     )
-    t = MARLHFIterTrainer(
-        agent_model=tiny_path,
-        reward_func=task.reward_func,
-        formatters=task.formatters,
-        args=args,
-        train_dataset=task.train_dataset,
-        eval_dataset=task.eval_dataset,
-    )
-    before = t.evaluate_reward()["eval_reward"]
     t.train()
     assert t.completed_rounds == 3
     after = t.state.log_history[-1]["eval_reward"]

@@ -16,7 +16,6 @@ from trl_marl import (
     MAReMaxTrainer,
     MARLOOConfig,
     MARLOOTrainer,
-    load_task,
 )
 
 
@@ -24,32 +23,8 @@ def length_reward(c1, c2):
     return [float(len(a) - len(b)) / 10 for a, b in zip(c1, c2)]
 
 
-def test_magrpo_learns_the_coordination_task(tmp_path, tiny_path):
-    task = load_task("coordination")
-    args = MAGRPOConfig(
-        output_dir=str(tmp_path),
-        num_agents=2,
-        num_generations=4,
-        max_new_tokens=16,
-        rollout_buffer_size=8,
-        learning_rate=3e-3,
-        max_steps=40,
-        logging_steps=10,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        eval_num_samples=16,
-        seed=0,
-    )
-    trainer = MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=task.reward_func,
-        formatters=task.formatters,
-        args=args,
-        train_dataset=task.train_dataset,
-        eval_dataset=task.eval_dataset,
-    )
-    before = trainer.evaluate_reward()["eval_reward"]
+def test_magrpo_learns_the_coordination_task(task_trainer):
+    trainer, before = task_trainer(MAGRPOTrainer, MAGRPOConfig, "coordination", max_steps=40)
     trainer.train()
     after = trainer.evaluate_reward()["eval_reward"]
     assert after > before + 0.1, (before, after)

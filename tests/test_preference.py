@@ -15,7 +15,6 @@ from trl_marl import (
     MAGRPOConfig,
     MARLHFConfig,
     MARLHFTrainer,
-    load_task,
 )
 from trl_marl.centralized import CentralizedParseError, TaggedCentralizedAdapter, centralize
 from trl_marl.trainers.preference import JointRewardModel, PreferencePair, select_pairs
@@ -150,32 +149,16 @@ def test_madpo_config_errors(make_args, overrides, message):
         make_args(MADPOConfig, **overrides)
 
 
-def test_madpo_learns(tmp_path, tiny_path):
-    task = load_task("coordination")
-    args = MADPOConfig(
-        output_dir=str(tmp_path),
-        max_new_tokens=16,
+def test_madpo_learns(task_trainer):
+    t, before = task_trainer(
+        MADPOTrainer,
+        MADPOConfig,
+        "coordination",
         rollout_buffer_size=16,
         preference_num_candidates=4,
         train_batch_size=8,
-        learning_rate=3e-3,
         num_train_epochs=2,
-        logging_steps=10,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        eval_num_samples=16,
-        seed=0,
     )
-    t = MADPOTrainer(
-        agent_model=tiny_path,
-        reward_func=task.reward_func,
-        formatters=task.formatters,
-        args=args,
-        train_dataset=task.train_dataset,
-        eval_dataset=task.eval_dataset,
-    )
-    before = t.evaluate_reward()["eval_reward"]
     t.train()
     after = t.state.log_history[-1]["eval_reward"]  # the post-update evaluation train() logs
     assert after > before + 0.05, (before, after)
@@ -304,16 +287,13 @@ def test_marlhf_rl_uses_the_learned_reward_and_eval_the_task_reward(make_args, i
     assert sum(task_calls) - n_collect == 2
 
 
-def test_marlhf_learns_the_length_ratio_task(tmp_path, tiny_path):
+def test_marlhf_learns_the_length_ratio_task(task_trainer):
     """Pairs from the task reward -> a joint reward model -> RL on its scores raises the TASK reward on held-out
     prompts (`length_ratio`: a signal a tiny model's reward model can learn; the recipe's tiny settings)."""
-    task = load_task("length_ratio")
-    args = MARLHFConfig(
-        output_dir=str(tmp_path),
-        max_new_tokens=16,
-        num_generations=4,
-        rollout_buffer_size=8,
-        learning_rate=3e-3,
+    t, before = task_trainer(
+        MARLHFTrainer,
+        MARLHFConfig,
+        "length_ratio",
         preference_num_candidates=8,
         pair_selection="all",
         preference_pairs_per_sample=None,
@@ -321,22 +301,7 @@ def test_marlhf_learns_the_length_ratio_task(tmp_path, tiny_path):
         reward_num_train_epochs=1,
         reward_max_length=40,
         max_steps=30,
-        logging_steps=10,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        eval_num_samples=16,
-        seed=0,
     )
-    t = MARLHFTrainer(
-        agent_model=tiny_path,
-        reward_func=task.reward_func,
-        formatters=task.formatters,
-        args=args,
-        train_dataset=task.train_dataset,
-        eval_dataset=task.eval_dataset,
-    )
-    before = t.evaluate_reward()["eval_reward"]
     t.train()
     after = t.state.log_history[-1]["eval_reward"]  # the post-training evaluation, with the task reward
     assert after > before + 0.08, (before, after)
