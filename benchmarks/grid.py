@@ -306,6 +306,12 @@ def plot(results: list[dict[str, Any]], sections: list[str], out: Path) -> list[
     colors = dict(zip(PHASES, ["#4c72b0", "#dd8452", "#937860", "#55a868", "#bbbbbb"]))
     written = []
 
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(out / name)
+
     def stacked(ax, rows, labels):
         bottom = [0.0] * len(rows)
         for p in PHASES:
@@ -330,11 +336,7 @@ def plot(results: list[dict[str, Any]], sections: list[str], out: Path) -> list[
         a2.set_title("prompts (task items) per second")
         a2.tick_params(axis="x", rotation=45)
         fig.suptitle("Trainers at R (2 agents, G=4, 16 new tokens, 4 prompts/step, tiny Llama, 1 thread)", fontsize=10)
-        fig.tight_layout()
-        path = out / "grid_trainers.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        save(fig, "grid_trainers.png")
     sweeps = [s for s in ("agents", "generations", "tokens") if s in sections]
     if sweeps:
         fig, axes = plt.subplots(1, len(sweeps), figsize=(4.2 * len(sweeps), 4.0), squeeze=False)
@@ -350,11 +352,7 @@ def plot(results: list[dict[str, Any]], sections: list[str], out: Path) -> list[
             ax.set_title(f"MAGRPO, {field}")
         axes[0][0].legend(fontsize=8, loc="upper left")
         fig.suptitle("MAGRPO from R, one field changed (bars: s/step by phase; line: tokens/s)", fontsize=10)
-        fig.tight_layout()
-        path = out / "grid_sweeps.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        save(fig, "grid_sweeps.png")
     return written
 
 
