@@ -152,3 +152,18 @@ def test_dataset_smaller_than_a_rollout_batch(make_args, items, tiny_path):
     )
     with pytest.raises(ValueError, match="fewer than one rollout batch"):
         t.train()
+
+
+def test_items_left_over_after_the_last_rollout_batch_are_announced(make_args, items, tiny_path, caplog):
+    t = MAGRPOTrainer(
+        agent_model=tiny_path, reward_func=reward, train_dataset=items.select(range(7)), args=make_args()
+    )
+    with caplog.at_level("WARNING", logger="trl_marl.trainers.base"):
+        loader = t.get_train_dataloader()
+    assert "has 7 items" in caplog.text and "skips the 1 left" in caplog.text
+    assert len(loader) == 3  # 3 rollout batches of 2 items; the 7th item waits for another epoch's shuffle
+    caplog.clear()
+    t.train_dataset = items.select(range(6))
+    with caplog.at_level("WARNING", logger="trl_marl.trainers.base"):
+        t.get_train_dataloader()
+    assert "rollout batch" not in caplog.text

@@ -363,6 +363,18 @@ class MultiAgentTrainer(_BaseTrainer):
                 f"train_dataset has {len(self.train_dataset)} items, fewer than one rollout batch "
                 f"(rollout_buffer_size={self.args.rollout_buffer_size} x {n_proc} processes)"
             )
+        skipped = len(self.train_dataset) % global_batch
+        if skipped and self.accelerator.is_main_process:
+            logger.warning(
+                "train_dataset has %d items, not a multiple of one rollout batch (%d = rollout_buffer_size x "
+                "processes): each epoch rolls out %d and skips the %d left after the shuffle (another %d each "
+                "epoch). Choose rollout_buffer_size so that it divides the dataset to use every item every epoch.",
+                len(self.train_dataset),
+                global_batch,
+                len(self.train_dataset) - skipped,
+                skipped,
+                skipped,
+            )
         sampler = RolloutSampler(
             len(self.train_dataset), global_batch, self.args.steps_per_rollout, True, self.args.seed
         )
