@@ -41,7 +41,7 @@ def check_run(out: Path, distributed_type: str, num_agents: int = 2, trainers=("
     for which in trainers:
         info = json.loads((out / which / "run_info.json").read_text())
         assert info["num_processes"] == 2 and info["distributed_type"] == distributed_type, info
-        if which == "madpoiter":
+        if which in ("madpoiter", "marlhfiter"):
             assert info["completed_rounds"] == 2 and info["global_step"] > 0
         else:
             assert info["global_step"] == 2
@@ -80,11 +80,12 @@ def check_advantages(trace: Path) -> None:
 
 
 def test_two_process_ddp_on_cpu(tmp_path, tiny_path, tiny_qwen_path):
-    """Every trainer family under DDP: MAGRPO, MADPO, MAAC, MARLHF and the iterative MADPO."""
+    """Every trainer under DDP: MAGRPO, MADPO, MAAC, IAC, MAPPO, MARLHF and both iterative trainers."""
     launch("multi_cpu", tmp_path, "all")
-    check_run(tmp_path, "DistributedType.MULTI_CPU", trainers=("magrpo", "madpo", "maac", "marlhf", "madpoiter"))
-    for which in ("maac", "marlhf"):
-        assert (tmp_path / which / ("critic" if which == "maac" else "reward_model")).is_dir()
+    trainers = ("magrpo", "madpo", "maac", "iac", "mappo", "marlhf", "madpoiter", "marlhfiter")
+    check_run(tmp_path, "DistributedType.MULTI_CPU", trainers=trainers)
+    for which, folder in [("maac", "critic"), ("mappo", "critic"), ("iac", "critic_1"), ("marlhf", "reward_model")]:
+        assert (tmp_path / which / folder).is_dir(), which
     rounds = sorted((tmp_path / "madpoiter" / "preference_replay").glob("iteration_*.json"))
     assert [r.name for r in rounds] == ["iteration_0001.json", "iteration_0002.json"]
 

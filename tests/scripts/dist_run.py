@@ -16,10 +16,13 @@ def reward(c1, c2):
     return [float(sum(ch in "aeiou" for ch in a) - sum(ch in "aeiou" for ch in b)) for a, b in zip(c1, c2)]
 
 
+ALL = ("magrpo", "madpo", "maac", "iac", "mappo", "marlhf", "madpoiter", "marlhfiter")
+
+
 def main():
     out = sys.argv[1]
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
-    trainers = ("magrpo", "madpo", "maac", "marlhf", "madpoiter") if mode == "all" else ("magrpo", "madpo")
+    trainers = ALL if mode == "all" else ("magrpo", "madpo")
     for which in trainers:
         run(which, os.path.join(out, which), mode == "hetero")
     # destroy the process group before exit (as recipes do): a gloo group left to interpreter shutdown can abort a
@@ -34,6 +37,8 @@ def run(which, out, hetero):
     from datasets import Dataset
 
     from trl_marl import (
+        IACConfig,
+        IACTrainer,
         MAACConfig,
         MAACTrainer,
         MADPOConfig,
@@ -42,7 +47,11 @@ def run(which, out, hetero):
         MADPOTrainer,
         MAGRPOConfig,
         MAGRPOTrainer,
+        MAPPOConfig,
+        MAPPOTrainer,
         MARLHFConfig,
+        MARLHFIterConfig,
+        MARLHFIterTrainer,
         MARLHFTrainer,
     )
     from trl_marl.testing import tiny_model_path
@@ -90,6 +99,29 @@ def run(which, out, hetero):
             critic_model=tiny_model_path(),
             **team,
         )
+    elif which == "iac":
+        args = IACConfig(rollout_buffer_size=2, max_steps=2, **common)
+        trainer = IACTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+    elif which == "mappo":
+        args = MAPPOConfig(rollout_buffer_size=2, train_batch_size=1, ppo_epochs=1, max_steps=2, **common)
+        trainer = MAPPOTrainer(
+            reward_func=reward,
+            args=args,
+            train_dataset=items,
+            eval_dataset=items,
+            critic_model=tiny_model_path(),
+            **team,
+        )
+    elif which == "marlhfiter":
+        args = MARLHFIterConfig(
+            preference_num_candidates=3,
+            num_generations=2,
+            rollout_buffer_size=2,
+            num_iterations=2,
+            reward_learning_rate=1e-3,
+            **common,
+        )
+        trainer = MARLHFIterTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     elif which == "marlhf":
         args = MARLHFConfig(
             preference_num_candidates=3,
@@ -100,7 +132,7 @@ def run(which, out, hetero):
             **common,
         )
         trainer = MARLHFTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
-    else:
+    elif which == "madpoiter":
         args = MADPOIterConfig(
             preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, num_iterations=2, **common
         )
