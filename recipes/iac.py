@@ -11,23 +11,13 @@ critic is `--critic_model_name_or_path` loaded once per agent (independent param
 loaded copy of the agent's own model.
 """
 
-from dataclasses import dataclass, field
-
 from trl_marl import IACConfig, IACTrainer
-from trl_marl.scripts import RecipeArguments, parse_recipe_args, run_recipe
-
-
-@dataclass
-class IACScriptArguments(RecipeArguments):
-    critic_model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "The critics' model id or path (separate critics); empty = a copy of each agent's model."},
-    )
+from trl_marl.scripts import CriticRecipeArguments, parse_recipe_args, run_recipe
 
 
 def main(argv=None):
     script_args, config = parse_recipe_args(
-        IACConfig, defaults={"output_dir": "outputs/iac"}, argv=argv, script_args_cls=IACScriptArguments
+        IACConfig, defaults={"output_dir": "outputs/iac"}, argv=argv, script_args_cls=CriticRecipeArguments
     )
     critic = script_args.critic_model_name_or_path if config.use_separate_critic else None
     extra = (lambda task: {"critic_model": critic}) if critic else None

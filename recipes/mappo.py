@@ -12,35 +12,13 @@ agents' model (the tiny local model when no model is given); with `--shared_crit
 agent (independent critics).
 """
 
-from dataclasses import dataclass, field
-
 from trl_marl import MAPPOConfig, MAPPOTrainer
-from trl_marl.scripts import RecipeArguments, parse_recipe_args, run_recipe
-
-
-@dataclass
-class MAPPOScriptArguments(RecipeArguments):
-    critic_model_name_or_path: str | None = field(
-        default=None, metadata={"help": "The critic's model id or path; empty = the agents' model."}
-    )
-
-
-def critic_source(script_args: MAPPOScriptArguments) -> str:
-    """The critic's model: the one given, else the (first) agents' model, else the tiny local model."""
-    if script_args.critic_model_name_or_path:
-        return script_args.critic_model_name_or_path
-    if script_args.agent_models:
-        return script_args.agent_models[0]
-    if script_args.model_name_or_path:
-        return script_args.model_name_or_path
-    from trl_marl.testing import tiny_model_path
-
-    return tiny_model_path(seed=script_args.tiny_seed)
+from trl_marl.scripts import CriticRecipeArguments, critic_source, parse_recipe_args, run_recipe
 
 
 def main(argv=None):
     script_args, config = parse_recipe_args(
-        MAPPOConfig, defaults={"output_dir": "outputs/mappo"}, argv=argv, script_args_cls=MAPPOScriptArguments
+        MAPPOConfig, defaults={"output_dir": "outputs/mappo"}, argv=argv, script_args_cls=CriticRecipeArguments
     )
     critic = critic_source(script_args)
     return run_recipe(MAPPOTrainer, script_args, config, extra_trainer_kwargs=lambda task: {"critic_model": critic})

@@ -12,7 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RecipeArguments", "parse_recipe_args", "run_recipe", "explicit_flags", "TINY_DEFAULTS"]
+__all__ = [
+    "RecipeArguments",
+    "CriticRecipeArguments",
+    "critic_source",
+    "parse_recipe_args",
+    "run_recipe",
+    "explicit_flags",
+    "TINY_DEFAULTS",
+]
 
 # Defaults for the no-argument run on the tiny local model (they are only applied to flags the user did not pass).
 TINY_DEFAULTS: dict[str, Any] = {
@@ -52,6 +60,33 @@ class RecipeArguments:
     dtype: str | None = field(default=None, metadata={"help": "Weights dtype: auto, bfloat16, float16, float32."})
     attn_implementation: str | None = field(default=None, metadata={"help": "Attention implementation."})
     tiny_seed: int = field(default=0, metadata={"help": "Seed of the tiny local model."})
+
+
+@dataclass
+class CriticRecipeArguments(RecipeArguments):
+    """`RecipeArguments` plus the critic's model, for the actor-critic recipes.
+
+    Parameters:
+        critic_model_name_or_path: the critic's model id or path. Empty: the agents' model (`critic_source`), or for
+            IAC with separate critics a copy of each agent's model.
+    """
+
+    critic_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "The critic's model id or path; empty = the agents' model."}
+    )
+
+
+def critic_source(recipe_args: CriticRecipeArguments) -> str:
+    """The critic's model: the one given, else the (first) agents' model, else the tiny local model."""
+    if recipe_args.critic_model_name_or_path:
+        return recipe_args.critic_model_name_or_path
+    if recipe_args.agent_models:
+        return recipe_args.agent_models[0]
+    if recipe_args.model_name_or_path:
+        return recipe_args.model_name_or_path
+    from .testing import tiny_model_path
+
+    return tiny_model_path(seed=recipe_args.tiny_seed)
 
 
 def parse_recipe_args(
