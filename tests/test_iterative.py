@@ -423,3 +423,45 @@ def test_marlhf_iter_improves_over_three_rounds(task_trainer):
     assert t.completed_rounds == 3
     after = t.state.log_history[-1]["eval_reward"]
     assert after > before + 0.1, (before, after)
+
+
+@pytest.mark.parametrize("algorithm", ["maac", "iac"])
+def test_marlhf_iter_with_actor_critic_backends(tmp_path, small_items, tiny_path, algorithm):
+    args = iter_args(
+        tmp_path,
+        cls=MARLHFIterConfig,
+        rl_algorithm=algorithm,
+        num_generations=1,
+        reward_learning_rate=1e-3,
+        train_batch_size=None,
+    )
+    extra = {"critic_model": tiny_path} if algorithm == "maac" else {}
+    t = MARLHFIterTrainer(
+        agent_model=tiny_path,
+        reward_func=letters_reward,
+        args=args,
+        train_dataset=small_items,
+        eval_dataset=small_items,
+        **extra,
+    )
+    assert type(t).__name__ == {"maac": "MARLHFIterMAACTrainer", "iac": "MARLHFIterIACTrainer"}[algorithm]
+    assert t.args.num_iterations == 2 and t.args.advantage_normalization is True  # the actor-critic default
+    models = []
+    original = t.fit_reward_model
+
+    def spy():
+        rm = original()
+        models.append(rm)
+        return rm
+
+    t.fit_reward_model = spy
+    critic = t.team.critics[0]
+    before = [p.detach().clone() for p in critic.parameters()]
+    t.train()
+    assert t.completed_rounds == 2 and len(models) == 2 and models[0] is not models[1]  # a new reward model each round
+    assert t.team.critics[0] is critic  # the critic carries over and keeps learning
+    assert any(not torch.equal(a, b) for a, b in zip(before, critic.parameters()))
+    assert "eval_reward" in t.state.log_history[-1]
+    t.save_model(str(tmp_path / "saved"))
+    assert (tmp_path / "saved" / ("critic" if algorithm == "maac" else "critic_1")).is_dir()
+    assert (tmp_path / "saved" / "reward_model" / "config.json").exists()

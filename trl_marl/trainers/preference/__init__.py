@@ -1,6 +1,13 @@
 """Preference learning between joint responses: pairs, the joint reward model, MADPO and MARLHF."""
 
-from .iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
+from .iterative import (
+    MADPOIterConfig,
+    MADPOIterTrainer,
+    MARLHFIterConfig,
+    MARLHFIterIACTrainer,
+    MARLHFIterMAACTrainer,
+    MARLHFIterTrainer,
+)
 from .madpo import MADPOConfig, MADPOTrainer, PreferenceConfig
 from .marlhf import MARLHFConfig, MARLHFIACTrainer, MARLHFMAACTrainer, MARLHFTrainer
 from .pairs import PreferencePair, select_pairs
@@ -13,6 +20,8 @@ __all__ = [
     "MADPOIterTrainer",
     "MARLHFIterConfig",
     "MARLHFIterTrainer",
+    "MARLHFIterIACTrainer",
+    "MARLHFIterMAACTrainer",
     "MARLHFIACTrainer",
     "MARLHFMAACTrainer",
     "MADPOTrainer",

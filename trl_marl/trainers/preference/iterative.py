@@ -43,8 +43,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ...plugins.comparators_protocol import check_comparator_output
 from ...plugins.registry import COMPARATOR_GROUP, load_plugin
 from ...plugins.replay import make_replay_mode
+from ..actor_critic import IACConfig, MAACConfig
 from .madpo import MADPOConfig, MADPOTrainer
-from .marlhf import MARLHFConfig, MARLHFTrainer, _MARLHFMixin
+from .marlhf import MARLHFConfig, MARLHFIACTrainer, MARLHFMAACTrainer, MARLHFTrainer, _MARLHFMixin
 from .pairs import PAIR_SELECTIONS, PreferencePair, select_aligned_pairs
 
 __all__ = [
@@ -53,6 +54,10 @@ __all__ = [
     "MADPOIterTrainer",
     "MARLHFIterConfig",
     "MARLHFIterTrainer",
+    "MARLHFIterMAACConfig",
+    "MARLHFIterMAACTrainer",
+    "MARLHFIterIACConfig",
+    "MARLHFIterIACTrainer",
     "write_round_file",
     "read_round_file",
 ]
@@ -214,11 +219,6 @@ class MARLHFIterConfig(MARLHFConfig, IterativeConfigMixin):
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
         self._validate_iterative()
-        if self.rl_algorithm in ("maac", "iac"):
-            raise ValueError(
-                f"MARLHFIterConfig supports the REINFORCE-family backends (magrpo, mareinforce, marloo, "
-                f"maremax), got rl_algorithm={self.rl_algorithm!r}"
-            )
         if self.preference_scoring_reward not in PREFERENCE_SCORING:
             raise ValueError(
                 f"preference_scoring_reward must be one of {list(PREFERENCE_SCORING)}, got "
@@ -656,14 +656,11 @@ class MADPOIterTrainer(IterativeMixin, MADPOTrainer):
         return super(MADPOTrainer, self).train(**kwargs)
 
 
-class MARLHFIterTrainer(IterativeMixin, MARLHFTrainer):
-    """Iterative MARLHF (see the module docstring): each round fits a NEWLY initialised joint reward model on B(nu),
-    then runs `num_train_epochs` of RL over the task items on its scores. Arguments are those of `MARLHFTrainer`."""
+class _MARLHFIterMixin(IterativeMixin):
+    """The rounds of iterative MARLHF on any MARLHF trainer (REINFORCE-family or actor-critic backend)."""
 
     _name = "MARLHFIter"
     _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "iterative-rlhf"]
-    config_class = MARLHFIterConfig
-    args_class = MARLHFIterConfig
 
     def _rl_batches_per_round(self) -> int:
         a = self.args
@@ -714,8 +711,48 @@ class MARLHFIterTrainer(IterativeMixin, MARLHFTrainer):
         """A NEWLY initialised reward model on this round's B(nu)."""
         self.fit_reward_model()
 
-    def _prepare_inputs(self, items):
-        return MARLHFTrainer._prepare_inputs(self, items)
-
     def _train_loop(self, **kwargs):
         return super(_MARLHFMixin, self).train(**kwargs)  # the Trainer loop, past MARLHF's one-shot pipeline
+
+
+class MARLHFIterTrainer(_MARLHFIterMixin, MARLHFTrainer):
+    """Iterative MARLHF (see the module docstring): each round fits a NEWLY initialised joint reward model on B(nu),
+    then runs `num_train_epochs` of RL over the task items on its scores. Arguments are those of `MARLHFTrainer`.
+    With `rl_algorithm="maac"` or `"iac"` the instance built is a `MARLHFIterMAACTrainer` / `MARLHFIterIACTrainer`
+    (the same rounds on `MAACTrainer` / `IACTrainer`; pass `critic_model` / `critics`); the critics carry over from
+    round to round, only the reward model is new each round."""
+
+    config_class = MARLHFIterConfig
+    args_class = MARLHFIterConfig
+    actor_critic_variants: dict[str, type] = {}
+
+
+@dataclass
+class MARLHFIterMAACConfig(MARLHFIterConfig, MAACConfig):
+    """`MARLHFIterConfig` with `rl_algorithm="maac"`, as `MARLHFIterTrainer` builds it (fields of both)."""
+
+    advantage_normalization: bool = field(default=True, metadata={"help": "Z-score TD errors per group."})
+
+
+@dataclass
+class MARLHFIterIACConfig(MARLHFIterConfig, IACConfig):
+    """`MARLHFIterConfig` with `rl_algorithm="iac"`, as `MARLHFIterTrainer` builds it (fields of both)."""
+
+    advantage_normalization: bool = field(default=True, metadata={"help": "Z-score TD errors per group."})
+
+
+class MARLHFIterMAACTrainer(_MARLHFIterMixin, MARLHFMAACTrainer):
+    """Iterative MARLHF with the MAAC backend (built by `MARLHFIterTrainer` for `rl_algorithm="maac"`)."""
+
+    config_class = MARLHFIterMAACConfig
+    args_class = MARLHFIterMAACConfig
+
+
+class MARLHFIterIACTrainer(_MARLHFIterMixin, MARLHFIACTrainer):
+    """Iterative MARLHF with the IAC backend (built by `MARLHFIterTrainer` for `rl_algorithm="iac"`)."""
+
+    config_class = MARLHFIterIACConfig
+    args_class = MARLHFIterIACConfig
+
+
+MARLHFIterTrainer.actor_critic_variants = {"maac": MARLHFIterMAACTrainer, "iac": MARLHFIterIACTrainer}

@@ -251,14 +251,17 @@ class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):
 
     config_class = MARLHFConfig
     args_class = MARLHFConfig
+    # rl_algorithm -> the actor-critic class this exact class builds instead (filled in once those are defined; a
+    # subclass that dispatches too sets its own, see `MARLHFIterTrainer`)
+    actor_critic_variants: dict[str, type] = {}
 
     def __new__(cls, *args, **kwargs):
         cfg = kwargs.get("args")
-        if cls is MARLHFTrainer and cfg is not None and getattr(cfg, "rl_algorithm", None) in ACTOR_CRITIC_BACKENDS:
-            backend = MARLHFMAACTrainer if cfg.rl_algorithm == "maac" else MARLHFIACTrainer
+        backend = cls.__dict__.get("actor_critic_variants", {}).get(getattr(cfg, "rl_algorithm", None))
+        if backend is not None:
             kwargs["args"] = _convert_config(cfg, backend.config_class)
             obj = object.__new__(backend)
-            obj.__init__(*args, **kwargs)  # not a MARLHFTrainer subclass: Python will not call __init__ again
+            obj.__init__(*args, **kwargs)  # not a subclass of `cls`: Python will not call __init__ again
             return obj
         return super().__new__(cls)
 
@@ -320,3 +323,6 @@ class MARLHFIACTrainer(_MARLHFMixin, IACTrainer):
 
     config_class = MARLHFIACConfig
     args_class = MARLHFIACConfig
+
+
+MARLHFTrainer.actor_critic_variants = {"maac": MARLHFMAACTrainer, "iac": MARLHFIACTrainer}
