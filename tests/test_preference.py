@@ -17,6 +17,7 @@ from trl_marl import (
     MARLHFTrainer,
 )
 from trl_marl.centralized import CentralizedParseError, TaggedCentralizedAdapter, centralize
+from trl_marl.rewards import RewardFunction
 from trl_marl.trainers.preference import JointRewardModel, PreferencePair, select_pairs
 
 
@@ -305,6 +306,30 @@ def test_marlhf_learns_the_length_ratio_task(task_trainer):
     t.train()
     after = t.state.log_history[-1]["eval_reward"]  # the post-training evaluation, with the task reward
     assert after > before + 0.08, (before, after)
+
+
+def test_marlhf_logs_candidate_and_learned_rewards_apart(make_args, items, tiny_path):
+    """The collection's task reward and the RL rollouts' learned reward never share a metric key (the Trainer would
+    average them into one number)."""
+
+    def task_reward(c1, c2):
+        return [100.0 + len(a) for a in c1]  # far from anything the reward model outputs
+
+    args = make_args(MARLHFConfig, preference_num_candidates=3, max_steps=1, logging_steps=1)
+    t = MARLHFTrainer(agent_model=tiny_path, reward_func=task_reward, args=args, train_dataset=items)
+    learned = []
+    original = t._learned_reward
+
+    def spy(*completions, batch_items=None):
+        out = original(*completions, batch_items=batch_items)
+        learned.extend(out)
+        return out
+
+    t.train_rollout_engine.reward = RewardFunction(spy, t.num_agents)
+    t.train()
+    row = t.state.log_history[0]
+    assert row["preference/candidate_reward_mean"] > 100.0
+    assert row["turn_1/reward_mean"] == pytest.approx(sum(learned) / len(learned), abs=1e-5)
 
 
 def test_marlhf_bad_inputs(make_args, items, tiny_path):

@@ -470,8 +470,8 @@ class IterativeMixin:
             comp_rewards = [r for _, _, chunk in gathered for r in chunk]
         m = self._metrics["train"]
         if target_rewards:
-            m["turn_1/reward_mean"].append(sum(target_rewards) / len(target_rewards))
-            m["turn_1/expected_return"].append(sum(target_rewards) / len(target_rewards))
+            for key in self.candidate_reward_keys:
+                m[key].append(sum(target_rewards) / len(target_rewards))
         if comp_rewards:
             m["iter/comparator_reward_mean"].append(sum(comp_rewards) / len(comp_rewards))
         failures = getattr(self.comparator, "parse_failures", None)

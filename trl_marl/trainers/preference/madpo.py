@@ -128,6 +128,11 @@ assert set(PreferenceConfig._allowed_pair_selections) <= set(PAIR_SELECTIONS)
 class PreferenceCollectionMixin:
     """Collect preference pairs from task items with the current agents and the task reward."""
 
+    # where the collected candidates' mean task reward is logged. MADPO has no other rollouts, so it reuses the
+    # rollout keys; MARLHF's RL rollouts log their LEARNED reward there, so it uses a key of its own (the Trainer
+    # averages everything logged under one key between two logging steps).
+    candidate_reward_keys: tuple[str, ...] = ("turn_1/reward_mean", "turn_1/expected_return")
+
     def _setup_collaboration(self, args, reward_func, formatters, agents, adapter):
         """Centralized mode: rewrite (args, reward, formatters) for one model writing every role."""
         self.num_roles = args.num_agents
@@ -186,8 +191,8 @@ class PreferenceCollectionMixin:
             rewards = [r for _, chunk in gathered for r in chunk]
         mean = sum(rewards) / max(len(rewards), 1)
         # documented: these are the collected candidates' mean, not the updated policy's reward
-        self._metrics["train"]["turn_1/reward_mean"].append(mean)
-        self._metrics["train"]["turn_1/expected_return"].append(mean)
+        for key in self.candidate_reward_keys:
+            self._metrics["train"][key].append(mean)
         self._metrics["train"]["num_pairs"].append(float(len(local)))
         return local
 

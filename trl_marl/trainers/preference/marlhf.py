@@ -135,6 +135,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
     """What MARLHF adds to an RL trainer: pairs, the joint reward model, the learned reward for RL rollouts."""
 
     _name = "MARLHF"
+    candidate_reward_keys = ("preference/candidate_reward_mean",)
     _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "rlhf"]
 
     def __init__(
