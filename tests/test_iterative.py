@@ -42,6 +42,19 @@ def iter_args(tmp_path, cls=MADPOIterConfig, **kw):
     return cls(**base)
 
 
+def record_reward_models(trainer) -> list:
+    """Every reward model `trainer.fit_reward_model` fits from now on, in order."""
+    models = []
+    original = trainer.fit_reward_model
+
+    def spy():
+        models.append(original())
+        return models[-1]
+
+    trainer.fit_reward_model = spy
+    return models
+
+
 @pytest.fixture
 def small_items():
     return Dataset.from_list(
@@ -390,15 +403,7 @@ def test_marlhf_iter_runs_rounds_with_fresh_reward_models(tmp_path, small_items,
         train_dataset=small_items,
         eval_dataset=small_items,
     )
-    models = []
-    original = t.fit_reward_model
-
-    def spy():
-        rm = original()
-        models.append(rm)
-        return rm
-
-    t.fit_reward_model = spy
+    models = record_reward_models(t)
     t.train()
     assert len(models) == 2 and models[0] is not models[1]
     assert t.completed_rounds == 2 and t.state.global_step > 0
@@ -446,15 +451,7 @@ def test_marlhf_iter_with_actor_critic_backends(tmp_path, small_items, tiny_path
     )
     assert type(t).__name__ == {"maac": "MARLHFIterMAACTrainer", "iac": "MARLHFIterIACTrainer"}[algorithm]
     assert t.args.num_iterations == 2 and t.args.advantage_normalization is True  # the actor-critic default
-    models = []
-    original = t.fit_reward_model
-
-    def spy():
-        rm = original()
-        models.append(rm)
-        return rm
-
-    t.fit_reward_model = spy
+    models = record_reward_models(t)
     critic = t.team.critics[0]
     before = [p.detach().clone() for p in critic.parameters()]
     t.train()
