@@ -167,3 +167,21 @@ def test_items_left_over_after_the_last_rollout_batch_are_announced(make_args, i
     with caplog.at_level("WARNING", logger="trl_marl.trainers.base"):
         t.get_train_dataloader()
     assert "rollout batch" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "trainer_name, wrong_config, expected",
+    [
+        ("MAGRPOTrainer", "MADPOConfig", "MAGRPOConfig"),
+        ("MAACTrainer", "MAGRPOConfig", "MAACConfig"),
+        ("MADPOTrainer", "MAGRPOConfig", "MADPOConfig"),
+        ("MARLHFTrainer", "MADPOConfig", "MARLHFConfig"),
+        ("MADPOIterTrainer", "MADPOConfig", "MADPOIterConfig"),
+    ],
+)
+def test_args_of_another_trainer_fail_with_the_expected_class(make_args, items, trainer_name, wrong_config, expected):
+    import trl_marl
+
+    args = make_args(getattr(trl_marl, wrong_config))
+    with pytest.raises(TypeError, match=f"args must be a {expected}, got {wrong_config}"):
+        build(make_args, items, getattr(trl_marl, trainer_name), args=args)

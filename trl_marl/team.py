@@ -189,27 +189,35 @@ def collate_agent_batch(
     return AgentBatch(input_ids, attention, comp, cmask)
 
 
-def agent_token_logprobs(model: nn.Module, batch: AgentBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Completion-token log-probs `(B, C)` from one forward pass over `[prompt | completion]`.
+def forward_completions(
+    model: nn.Module, batch: AgentBatch, temperature: float = 1.0, output_hidden_states: bool = False
+) -> tuple[Any, torch.Tensor]:
+    """One forward pass over `[prompt | completion]`: `(model output, completion-token log-probs (B, C))`.
 
     Position ids follow the attention mask (as `generate` computes them for left-padded prompts), so the scores
     match what the policy sampled. Only the last `C + 1` positions' logits are materialised (`logits_to_keep`).
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
-    C = batch.num_completion_tokens
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=position_ids,
-        logits_to_keep=C + 1,
+        logits_to_keep=batch.num_completion_tokens + 1,
         use_cache=False,
+        output_hidden_states=output_hidden_states,
     )
     logits = out.logits[:, :-1, :]  # prediction for each completion token
-    return token_logprobs(
+    logp = token_logprobs(
         logits.float() if logits.dtype != torch.float32 else logits, batch.completion_ids, temperature
     )
+    return out, logp
+
+
+def agent_token_logprobs(model: nn.Module, batch: AgentBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Completion-token log-probs `(B, C)` from one forward pass over `[prompt | completion]` (`forward_completions`)."""
+    return forward_completions(model, batch, temperature)[1]
 
 
 class PromptText(str):

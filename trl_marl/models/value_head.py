@@ -28,8 +28,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from ..algorithms.logprobs import token_logprobs
-from ..team import AgentBatch, TeamModel, agent_token_logprobs
+from ..team import AgentBatch, TeamModel, agent_token_logprobs, forward_completions
 
 __all__ = [
     "ValueHead",
@@ -228,25 +227,15 @@ def agent_logprobs_and_values(
     if critic_type not in CRITIC_TYPES:
         raise ValueError(f"critic_type must be one of {CRITIC_TYPES}, got {critic_type!r}")
     device = next(agent.parameters()).device
-    batch = batch.to(device)
     C = batch.num_completion_tokens
-    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = agent(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=C + 1,
-        use_cache=False,
-        output_hidden_states=True,
-    )
-    logits = out.logits[:, :-1, :]
-    logp = token_logprobs(logits.float() if logits.dtype != torch.float32 else logits, batch.completion_ids)
+    out, logp = forward_completions(agent, batch, output_hidden_states=True)
+    completion_mask = batch.completion_mask.to(device)
     hidden = out.hidden_states[-1]  # (B, P + C, H), after the final norm
     B, P = hidden.shape[0], hidden.shape[1] - C
     if critic_type == "v":
         pos = torch.full((B,), P - 1, dtype=torch.long, device=device)
     else:
-        pos = P + batch.completion_mask.sum(dim=1).long() - 1
+        pos = P + completion_mask.sum(dim=1).long() - 1
     h = hidden[torch.arange(B, device=device), pos]
     return logp, head(h)
 

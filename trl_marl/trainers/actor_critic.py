@@ -470,12 +470,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         optimizers: tuple = (None, None),
         peft_config: Any = None,
     ):
-        if args is None:
-            args = self.config_class(output_dir=f"{self._name.lower()}-output")
-        elif not isinstance(args, self.args_class or self.config_class):
-            raise TypeError(
-                f"args must be a {(self.args_class or self.config_class).__name__}, got {type(args).__name__}"
-            )
+        args = self._checked_args(args)
         model_config, self._critic_loading = _split_model_config(model_config, args)
         if critic_model is not None and critics is not None:
             raise ValueError("pass either critic_model (broadcast to every critic) or critics (a list), not both")

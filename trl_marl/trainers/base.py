@@ -135,6 +135,16 @@ class MultiAgentTrainer(_BaseTrainer):
     # The group baseline of assign_returns; None for critic-based trainers.
     baseline: str | None = "mean"
 
+    @classmethod
+    def _checked_args(cls, args: MultiAgentConfig | None) -> MultiAgentConfig:
+        """`args`, or a default `config_class` when None; a TypeError when it is not an `args_class` instance."""
+        if args is None:
+            return cls.config_class(output_dir=f"{cls._name.lower()}-output")
+        expected = cls.args_class or cls.config_class
+        if not isinstance(args, expected):
+            raise TypeError(f"args must be a {expected.__name__}, got {type(args).__name__}")
+        return args
+
     def __init__(
         self,
         agent_model: str | PreTrainedModel | None = None,
@@ -154,11 +164,7 @@ class MultiAgentTrainer(_BaseTrainer):
         optimizers: tuple = (None, None),
         peft_config: Any = None,
     ):
-        if args is None:
-            args = self.config_class(output_dir=f"{self._name.lower()}-output")
-        elif not isinstance(args, self.args_class or self.config_class):
-            expected = (self.args_class or self.config_class).__name__
-            raise TypeError(f"args must be a {expected}, got {type(args).__name__}")
+        args = self._checked_args(args)
         n = args.num_agents
 
         # ---- validation, before any model loads ----

@@ -313,11 +313,7 @@ class IterativeMixin:
     """Rounds, the comparator, the replay buffer, round files, policy history and round checkpoints."""
 
     def __init__(self, *args, **kwargs):
-        cfg = kwargs.get("args")
-        if cfg is None:
-            cfg = kwargs["args"] = self.config_class(output_dir=f"{self._name.lower()}-output")
-        if not isinstance(cfg, self.args_class):
-            raise TypeError(f"args must be a {self.args_class.__name__}, got {type(cfg).__name__}")
+        cfg = kwargs["args"] = self._checked_args(kwargs.get("args"))
         self._init_iterative(cfg)  # comparator and replay mode first: their errors come before any model loads
         super().__init__(*args, **kwargs)
         self._post_init_iterative()

@@ -222,9 +222,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         preference_pairs: list[PreferencePair] | None = None,
         **kwargs,
     ):
-        args = args if args is not None else self.config_class(output_dir="madpo-output")
-        if not isinstance(args, self.args_class):
-            raise TypeError(f"args must be a {self.args_class.__name__}, got {type(args).__name__}")
+        args = self._checked_args(args)
         args, reward_func, formatters = self._setup_collaboration(args, reward_func, formatters, agents, adapter)
         super().__init__(
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs

@@ -150,9 +150,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         adapter=None,
         **kwargs,
     ):
-        args = args if args is not None else self.config_class(output_dir="marlhf-output")
-        if not isinstance(args, self.args_class):
-            raise TypeError(f"args must be a {self.args_class.__name__}, got {type(args).__name__}")
+        args = self._checked_args(args)
         if reward_model is None and args.reward_model_name is None:
             sources = [agent_model] if agents is None else list(agents)
             if not isinstance(sources[0], (str, os.PathLike)) and not getattr(
