@@ -676,12 +676,20 @@ class _MARLHFIterMixin(IterativeMixin):
 
     def _target_scores(self, rollout, items, task_prompts):
         if self.args.preference_scoring_reward == "reward_model" and self.reward_model is not None:
-            n, proc = self.num_agents, []
-            for node, item in zip(rollout.nodes, items):
-                comps = [
-                    [rollout.samples[node.samples[i][k]].completion for k in range(len(node.joint))] for i in range(n)
+            # ONE reward-model call for every joint response of every item, then split per item
+            sizes = [len(node.joint) for node in rollout.nodes]
+            comps = [
+                [
+                    rollout.samples[node.samples[i][k]].completion
+                    for node in rollout.nodes
+                    for k in range(len(node.joint))
                 ]
-                proc.append(self._learned_reward(*comps, batch_items=[item] * len(node.joint)))
+                for i in range(self.num_agents)
+            ]
+            batch_items = [item for item, size in zip(items, sizes) for _ in range(size)]
+            scores = self._learned_reward(*comps, batch_items=batch_items)
+            starts = np.cumsum([0, *sizes]).tolist()
+            proc = [scores[a:b] for a, b in zip(starts, starts[1:])]
             return proc, proc
         return super()._target_scores(rollout, items, task_prompts)
 
