@@ -107,7 +107,9 @@ class FakeHub:
             repo = f"{p['organization'] or 'tester'}/{p['name']}"
             with self.lock:
                 if repo in self.repos:
-                    return self._reply(h, 409, {"error": "You already created this model repo", "url": ""})
+                    return self._reply(
+                        h, 409, {"error": "You already created this model repo", "url": f"{self.url}/{repo}"}
+                    )
                 self.repos[repo] = {"payload": p, "files": {}, "commits": [], "sha": "0" * 40}
             return self._reply(h, 200, {"url": f"{self.url}/{repo}", "name": repo})
         if method == "POST" and path == "/api/validate-yaml":
@@ -217,6 +219,7 @@ def trained(hub, tiny_path, tmp_path_factory):
     )
     trainer.train()
     trainer._finish_current_push()  # the checkpoint push runs in the background
+    trainer.save_model()  # the team at the output_dir root: every test below may read it, in any order
     return trainer
 
 
@@ -361,8 +364,7 @@ def test_agent_team_round_trip_local_and_decentralized(trained):
 def test_agent_team_loads_from_the_hub_in_both_layouts(hub, trained, tmp_path):
     from trl_marl import AgentTeam, push_team_to_hub
 
-    if "tester/marl-pa-agent-1" not in hub.repos:  # pushed by test_push_per_agent_layout; push here when run alone
-        push_team_to_hub(trained, "tester/marl-pa", layout="per_agent", token=TOKEN)
+    push_team_to_hub(trained, "tester/marl-pa", layout="per_agent", token=TOKEN)  # whatever ran before
     sources = (REPO, "tester/marl-pa", ["tester/marl-pa-agent-1", "tester/marl-pa-agent-2"], "tester/marl-pa-agent-2")
     for source in sources:  # team repo; per-agent base id; per-agent ids; one agent's repo (its team.json names all)
         team = AgentTeam.from_pretrained(source, cache_dir=str(tmp_path / "cache"), token=TOKEN)
@@ -427,3 +429,78 @@ def test_safe_training_config_drops_secrets(tmp_path):
     assert TOKEN not in json.dumps(config)
     assert "max_new_tokens" in config and "num_generations" in config and "learning_rate" in config
     assert not any("token" in k.split("_") or k.endswith("_dir") for k in config)
+
+
+def test_hub_package_imports_no_trainer_module():
+    """The trainers call the Hub code; the Hub code never imports a trainer module (no import cycle)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, trl_marl.hub\n"
+        "from trl_marl.hub import AgentTeam, push_team_to_hub, safe_training_config, check_hub_settings\n"
+        "from trl_marl import AgentTeam as A\n"
+        "assert A is AgentTeam\n"
+        "bad = sorted(m for m in sys.modules if m.startswith('trl_marl.trainers'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_team_card_metadata_library_base_models_and_no_fake_dataset():
+    from trl_marl.hub import build_team_card
+
+    description = {
+        "algorithm": "MADPO",
+        "num_agents": 2,
+        "agents": [{"source": "org/model-a"}, {"source": "org/model-b"}],
+    }
+    card = build_team_card(description, repo_id="tester/team")
+    assert card.data.library_name == "trl_marl"  # the root holds team.json, not a transformers config.json
+    assert card.data.base_model == ["org/model-a", "org/model-b"]  # heterogeneous: the Hub's list form
+    assert card.data.datasets is None and "huggingface.co/datasets" not in card.text
+    assert "[None]" not in card.text and "[org/model-b](https://huggingface.co/org/model-b)" in card.text
+    # the method's paper is cited even when team.json carries none (older folders)
+    assert "2305.18290" in card.text and "@inproceedings{rafailov2023dpo" in card.text
+    homogeneous = build_team_card({**description, "agents": [{"source": "org/model-a"}] * 2})
+    assert homogeneous.data.base_model == "org/model-a"
+
+
+def test_every_trainer_has_a_citation():
+    import trl_marl
+    from trl_marl.hub.papers import PAPERS
+    from trl_marl.trainers.base import MultiAgentTrainer
+
+    names = [n for n in trl_marl.__all__ if n.endswith("Trainer") and n != "MultiAgentTrainer"]
+    classes = [getattr(trl_marl, n) for n in names]
+    assert len(classes) >= 11
+    for cls in classes:
+        assert issubclass(cls, MultiAgentTrainer)
+        paper = PAPERS.get(cls._name)
+        assert paper and paper["citation"].startswith("@") and paper["id"], cls.__name__
+
+
+def test_recipes_send_no_task_name_as_hub_dataset():
+    import inspect
+
+    from trl_marl import scripts
+
+    assert "dataset_name=task" not in inspect.getsource(scripts)
+
+
+def test_agent_team_save_pretrained_and_push_to_hub(hub, trained, tmp_path):
+    from trl_marl import AgentTeam
+
+    team = AgentTeam.from_pretrained(trained.args.output_dir)
+    team.save_pretrained(tmp_path / "copy")
+    again = AgentTeam.from_pretrained(tmp_path / "copy")
+    assert again.roles == team.roles and again.description["algorithm"] == "MAGRPO"
+    for i in range(2):
+        assert _weights_equal(again.agents[i], team.agents[i])
+    assert (tmp_path / "copy" / "agent_1" / "README.md").is_file() and (tmp_path / "copy" / "README.md").is_file()
+    result = team.push_to_hub("tester/saved-team", token=TOKEN)
+    files = hub.files("tester/saved-team")
+    assert result.oid == hub.repos["tester/saved-team"]["sha"]
+    assert {"team.json", "README.md", "agent_1/model.safetensors", "agent_2/tokenizer.json"} <= set(files)
+    pulled = AgentTeam.from_pretrained("tester/saved-team", cache_dir=str(tmp_path / "cache"), token=TOKEN)
+    assert pulled.roles == team.roles and _weights_equal(pulled.agents[1], team.agents[1])

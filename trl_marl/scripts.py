@@ -189,7 +189,7 @@ def run_recipe(
     if main:
         print(f"[trl_marl] saved {config.num_agents} agents to {config.output_dir}")
     if config.push_to_hub:
-        trainer.push_to_hub(dataset_name=task.name)
+        trainer.push_to_hub()  # a built-in task is no Hub dataset: the card names none
     trainer.before_reward, trainer.after_reward = before, after
     if trainer.accelerator.num_processes > 1:
         # Tear the process group down before interpreter exit: a gloo group left to the C++ static destructors can

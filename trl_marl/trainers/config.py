@@ -235,7 +235,7 @@ class MultiAgentConfig(_BaseConfig):
             )
         need(self.eval_interval is None or self.eval_interval >= 1, "eval_interval must be None or >= 1")
         need(self.eval_num_samples is None or self.eval_num_samples >= 1, "eval_num_samples must be None or >= 1")
-        from ..hub import check_hub_settings
+        from ..hub.settings import check_hub_settings
 
         check_hub_settings(self.hub_team_layout, self.hub_strategy if self.push_to_hub else "end")
 
