@@ -26,6 +26,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from .import_utils import require_extra
+
 __all__ = [
     "AdapterAgent",
     "AdapterDisabled",
@@ -159,7 +161,7 @@ class AdapterDisabled(nn.Module):
 
 
 def _peft_wrap(model: nn.Module, peft_config, name: str, who: str):
-    from peft import get_peft_model
+    get_peft_model = require_extra("peft", "peft_config (LoRA agents)").get_peft_model
 
     try:
         return get_peft_model(model, copy.deepcopy(peft_config), adapter_name=name)

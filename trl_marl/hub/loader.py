@@ -11,6 +11,7 @@ from typing import Any
 import huggingface_hub
 from huggingface_hub.errors import RepositoryNotFoundError
 
+from ..import_utils import require_extra
 from ..team import eos_token_ids, render_prompt
 from .cards import write_model_cards
 from .push import push_team_to_hub
@@ -284,7 +285,9 @@ def _load_agent_model(folder: str, **kwargs: Any):
     from transformers import AutoModelForCausalLM
 
     if os.path.isfile(os.path.join(folder, "adapter_config.json")):
-        from peft import AutoPeftModelForCausalLM
+        AutoPeftModelForCausalLM = require_extra(
+            "peft", f"the PEFT adapter agent in {folder}"
+        ).AutoPeftModelForCausalLM
 
         return AutoPeftModelForCausalLM.from_pretrained(folder, **kwargs)
     kwargs.pop("token", None)  # a local folder needs none

