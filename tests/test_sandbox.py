@@ -40,13 +40,11 @@ def _wait_gone(token: str, seconds: float = 2.0) -> list[int]:
     return alive
 
 
-def test_runs_a_program_and_captures_stdout_stderr_and_report():
-    src = "import sys\nprint('hello')\nprint('oops', file=sys.stderr)\n__sandbox_report__('line one')\n__sandbox_report__('two')\n"
-    r = run_python(src, FAST)
+def test_runs_a_program_and_captures_stdout_and_stderr():
+    r = run_python("import sys\nprint('hello')\nprint('oops', file=sys.stderr)\n", FAST)
     assert isinstance(r, SandboxResult)
     assert r.ok and r.returncode == 0
     assert r.stdout == "hello\n" and r.stderr == "oops\n"
-    assert r.report.splitlines() == ["line one", "two"]
     assert not r.timed_out and not r.output_overflow
 
 
@@ -136,7 +134,8 @@ def test_network_namespace_has_no_interface_but_loopback():
     assert interfaces == {"lo"}
 
 
-def test_fresh_working_directory_and_write_restriction(tmp_path):
+@pytest.mark.parametrize("backend", ["auto", "unshare"])
+def test_fresh_working_directory_and_write_restriction(tmp_path, backend):
     outside = tmp_path / "must_not_exist.txt"
     src = (
         "import os\n"
@@ -146,18 +145,21 @@ def test_fresh_working_directory_and_write_restriction(tmp_path):
         "print(open('scratch.txt').read())\n"
         f"open({str(outside)!r}, 'w').write('bad')\n"
     )
-    r = run_python(src, FAST)
+    limits = SandboxLimits(timeout_s=2.0, backend=backend)
+    r = run_python(src, limits)
     cwd, listing, scratch = r.stdout.splitlines()[:3]
-    assert "trl_marl_sandbox_" in cwd and listing == "['main.py']" and scratch == "ok"
-    assert "PermissionError" in r.stderr and not outside.exists()
-    assert not os.path.exists(cwd), "the temporary directory is removed after the run"
-    r = run_python(f"import os\nos.remove({str(tmp_path)!r})", FAST)
-    assert "PermissionError" in r.stderr and tmp_path.exists()
+    assert listing == "['main.py']" and scratch == "ok"
+    assert r.returncode == 1 and not outside.exists()
+    if r.backend != "bwrap":  # bwrap: a private tmpfs at /tmp that vanishes with the run
+        assert "trl_marl_sandbox_" in cwd
+        assert not os.path.exists(cwd), "the temporary directory is removed after the run"
+    r = run_python(f"import os\nos.remove({str(tmp_path)!r})", limits)
+    assert not r.ok and tmp_path.exists()
 
 
 @linux_only
-@pytest.mark.parametrize("use_namespaces", [True, False])
-def test_whole_process_group_is_killed_on_timeout(use_namespaces):
+@pytest.mark.parametrize("backend", ["auto", "unshare", "none"])
+def test_whole_process_group_is_killed_on_timeout(backend):
     token = f"trl_marl_test_{uuid.uuid4().hex}"
     src = (
         "import subprocess, sys, time\n"
@@ -165,7 +167,7 @@ def test_whole_process_group_is_killed_on_timeout(use_namespaces):
         "print('started', flush=True)\n"
         "time.sleep(60)\n"
     )
-    limits = SandboxLimits(timeout_s=1.5, allow_subprocesses=True, use_namespaces=use_namespaces)
+    limits = SandboxLimits(timeout_s=1.5, allow_subprocesses=True, backend=backend)
     r = run_python(src, limits)
     assert r.timed_out and "started" in r.stdout
     assert _wait_gone(token) == []

@@ -47,19 +47,25 @@ recognise it because `item["prompt"]` then differs from `item["problem"]`), so t
 from __future__ import annotations
 
 import ast
+import builtins
+import dataclasses
 import gzip
 import hashlib
+import importlib.util
 import json
+import os
 import re
-import secrets
+import reprlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ..sandbox import SandboxLimits, SandboxResult, run_many
+from ..sandbox import SandboxLimits, SandboxSession
 from .base import Task
 
 __all__ = [
@@ -353,146 +359,6 @@ def prepare_problem(item: dict) -> PreparedProblem:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The harness that runs inside the sandbox
-
-
-_HARNESS = r"""
-import builtins, json, reprlib, signal
-
-_report = __sandbox_report__
-del __sandbox_report__
-_P = json.loads(_PAYLOAD)
-del _PAYLOAD
-_NONCE = _P["nonce"]
-_PLAIN = {int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset}
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 120
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 12
-
-
-class _Timeout(BaseException):
-    pass
-
-
-class _Stop(BaseException):
-    pass
-
-
-def _emit(**obj):
-    obj["nonce"] = _NONCE
-    _report(json.dumps(obj))
-
-
-def _fmt(e):
-    try:
-        msg = str(e)
-    except BaseException:
-        msg = ""
-    msg = msg[:300]
-    return type(e).__name__ + (": " + msg if msg else "")
-
-
-def _plain(value):
-    stack, seen = [value], 0
-    while stack and seen < 200000:
-        v = stack.pop()
-        seen += 1
-        t = type(v)
-        if t not in _PLAIN:
-            raise TypeError("the function returned a value of type %s; only plain built-in values are accepted" % t.__name__)
-        if t is dict:
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif t in (list, tuple, set, frozenset):
-            stack.extend(v)
-    return value
-
-
-_state = {"timeouts": 0, "got": None, "has_got": False}
-
-
-def _on_alarm(signum, frame):
-    raise _Timeout()
-
-
-def _arm():
-    signal.setitimer(signal.ITIMER_REAL, _P["test_timeout_s"], 0.25)
-
-
-def _disarm():
-    signal.setitimer(signal.ITIMER_REAL, 0, 0)
-
-
-def __t_begin(k):
-    _state["got"], _state["has_got"] = None, False
-    _arm()
-
-
-def __t_rec(value):
-    _state["got"], _state["has_got"] = value, True
-    return value
-
-
-def __t_pass(k):
-    _disarm()
-    _emit(i=k, status="passed")
-
-
-def __t_fail(k, e):
-    _disarm()
-    if isinstance(e, _Timeout):
-        _state["timeouts"] += 1
-        _emit(i=k, status="timeout")
-        if _state["timeouts"] >= _P["max_timeouts"]:
-            raise _Stop()
-        return
-    got = None
-    if _state["has_got"]:
-        try:
-            got = _REPR.repr(_state["got"])
-        except BaseException:
-            got = "<unprintable>"
-    _emit(i=k, status="failed" if isinstance(e, AssertionError) else "error", error=_fmt(e), got=got)
-
-
-def _main():
-    signal.signal(signal.SIGALRM, _on_alarm)
-    ns = {"__name__": "solution", "__builtins__": builtins}
-    try:
-        _arm()
-        exec(compile(_P["program"], "solution.py", "exec"), ns)
-        _disarm()
-    except BaseException as e:
-        _disarm()
-        _emit(kind="load_error", error="time limit while defining the functions" if isinstance(e, _Timeout) else _fmt(e))
-        return
-    entry = ns.get(_P["entry_point"])
-    if not callable(entry):
-        _emit(kind="load_error", error="%s is not defined" % _P["entry_point"])
-        return
-
-    def candidate(*args, **kwargs):
-        return _plain(entry(*args, **kwargs))
-
-    tg = dict(ns)
-    tg.update(candidate=candidate, __t_begin=__t_begin, __t_rec=__t_rec, __t_pass=__t_pass, __t_fail=__t_fail)
-    try:
-        exec(compile(_P["tests"], "tests.py", "exec"), tg)
-        tg["check"](candidate)
-    except _Stop:
-        _emit(kind="stopped", error="stopped after %d timeouts" % _state["timeouts"])
-    except BaseException as e:
-        _emit(kind="aborted", error=_fmt(e))
-    finally:
-        _disarm()
-    _emit(kind="done")
-
-
-_main()
-"""
-
-
-# --------------------------------------------------------------------------------------------------------------
 # Evaluation
 
 
@@ -526,7 +392,7 @@ class CodeEvaluation:
         tests: one `TestOutcome` per test statement (empty when no test ran).
         load_error: an error while defining the functions in the sandbox, else None.
         uses_aux, aux_result_ignored, trivial_wrapper: the entry point's use of `aux` (see the module docstring).
-        sandbox: the sandbox result, when the program ran.
+        backend: the sandbox backend the program ran under ("bwrap", "unshare" or "none"), when it ran.
         breakdown: level name -> value earned (see `LEVELS`).
     """
 
@@ -539,7 +405,7 @@ class CodeEvaluation:
     uses_aux: bool = False
     aux_result_ignored: bool = False
     trivial_wrapper: bool = False
-    sandbox: SandboxResult | None = None
+    backend: str | None = None
     breakdown: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -549,6 +415,199 @@ class CodeEvaluation:
     @property
     def reward(self) -> float:
         return float(sum(self.breakdown.values()))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The trusted harness: the problem's tests run HERE, in the trainer's process; only the candidate runs sandboxed.
+
+
+class _Timeout(BaseException):
+    """A test statement ran past its time limit."""
+
+
+class _Stop(BaseException):
+    """No further test runs (too many timeouts, the program's time limit, or the sandboxed process was lost)."""
+
+
+class CandidateError(Exception):
+    """The entry point raised (its exception type and message, as text), or returned a value that is not plain
+    data, in the sandbox. Raised in the trusted harness where the test called `candidate`."""
+
+
+def _fmt(e: BaseException) -> str:
+    if isinstance(e, CandidateError):
+        return str(e)
+    try:
+        msg = str(e)
+    except Exception:
+        msg = ""
+    return type(e).__name__ + (": " + msg[:300] if msg else "")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 120
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 12
+_MAX_DETAIL_CHARS = 500
+_STARTUP_S = 2.0  # allowance for starting the sandboxed process, on top of a test's time limit
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH", re.I)
+
+
+def _redact(text: str) -> str:
+    """`text` bounded in length, with the value of every secret-looking variable of the trainer's environment
+    replaced (defence in depth: the sandbox has no access to the environment in the first place)."""
+    text = text if len(text) <= _MAX_DETAIL_CHARS else text[: _MAX_DETAIL_CHARS - 15] + "... (truncated)"
+    for name, value in os.environ.items():
+        if len(value) >= 6 and _SECRET_NAME.search(name) and value in text:
+            text = text.replace(value, "<redacted>")
+    return text
+
+
+def _test_builtins(private_seed: int) -> dict:
+    """Builtins for the trusted test code, whose `import random` gets a private, seeded `random` module, so that
+    tests with random inputs are reproducible and never touch the trainer's global `random` state."""
+    private: dict[str, Any] = {}
+
+    def import_(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name == "random":
+            if "random" not in private:
+                spec = importlib.util.find_spec("random")
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                module.seed(private_seed)
+                private["random"] = module
+            return private["random"]
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+    return {**vars(builtins), "__import__": import_}
+
+
+class _Harness:
+    """Runs one problem's instrumented `check(candidate)` in this process; `candidate` calls the entry point in a
+    `SandboxSession` and returns its decoded value (or raises `CandidateError`), so every comparison of the test
+    happens here. One harness per program run; used by one thread."""
+
+    def __init__(self, evaluator: CodeEvaluator, prepared: PreparedProblem, program: str):
+        self.evaluator, self.prepared, self.program = evaluator, prepared, program
+        self.deadline = time.monotonic() + evaluator.limits.timeout_s
+        self.test_deadline = self.deadline
+        self.session: SandboxSession | None = None
+        self.timeouts = 0
+        self.stop_reason: str | None = None
+        self.got: Any = None
+        self.has_got = False
+        self.outcomes: dict[int, TestOutcome] = {}
+        self.backend: str | None = None
+
+    def _open(self, timeout_s: float) -> str | None:
+        """Start the sandboxed program (define it); None, or why it could not be defined."""
+        ev = self.evaluator
+        limits = dataclasses.replace(ev.limits, timeout_s=max(timeout_s, 0.001))
+        session = SandboxSession(
+            self.program, self.prepared.entry_point, limits, cpu_time_s=int(ev.limits.timeout_s + 0.999) + 1
+        )
+        self.backend = getattr(session, "backend", None)
+        if session.load_error is not None:
+            return session.load_error
+        self.session = session
+        return None
+
+    def run(self) -> tuple[list[TestOutcome], str | None]:
+        """(one outcome per test statement, the load error or None)."""
+        ev, prepared = self.evaluator, self.prepared
+        load_error = self._open(min(self.deadline - time.monotonic(), ev.test_timeout_s + _STARTUP_S))
+        if load_error is not None:
+            load_error = _redact(load_error)
+            return [TestOutcome(src, "not_run", f"not run: {load_error}") for src in prepared.tests], load_error
+        namespace: dict[str, Any] = {
+            "__name__": "tests",
+            "__builtins__": _test_builtins(int(hashlib.sha256(prepared.test_module.encode()).hexdigest()[:8], 16)),
+        }
+        try:
+            exec(compile(prepared.context, "context.py", "exec"), namespace)
+            exec(compile(prepared.test_module, "tests.py", "exec"), namespace)
+            namespace.update(
+                {prepared.entry_point: self.candidate},  # a test may name the entry point (HumanEval/33 does)
+                candidate=self.candidate,
+                __t_begin=self.begin,
+                __t_rec=self.record,
+                __t_pass=self.passed,
+                __t_fail=self.failed,
+            )
+            namespace["check"](self.candidate)
+        except _Stop:
+            pass
+        except Exception as e:
+            self.stop_reason = self.stop_reason or f"the test code failed ({_fmt(e)})"
+        finally:
+            if self.session is not None:
+                self.session.close()
+        why = _redact(f"not run: {self.stop_reason or 'the tests stopped'}")
+        return [self.outcomes.get(k) or TestOutcome(src, "not_run", why) for k, src in enumerate(prepared.tests)], None
+
+    def candidate(self, *args, **kwargs):
+        if self.stop_reason is not None:
+            raise _Stop()
+        remaining = min(self.test_deadline, self.deadline) - time.monotonic()
+        if remaining <= 0:
+            raise _Timeout()
+        if self.session is None:  # killed by a timeout in an earlier test: a fresh process for this one
+            error = self._open(remaining + _STARTUP_S)
+            if error is not None:
+                self.stop_reason = f"the program could not be defined again ({error})"
+                raise _Stop()
+            remaining = min(self.test_deadline, self.deadline) - time.monotonic()
+        out = self.session.call(args, kwargs, max(remaining, 0.001))
+        if out.status == "value":
+            return out.value
+        if out.status == "error":
+            raise CandidateError(out.error)
+        self.session = None
+        if out.status == "timeout":
+            raise _Timeout()
+        self.stop_reason = out.error
+        raise CandidateError(out.error)
+
+    def begin(self, k: int) -> None:
+        self.test_deadline = time.monotonic() + self.evaluator.test_timeout_s
+        self.got, self.has_got = None, False
+
+    def record(self, value: Any) -> Any:
+        self.got, self.has_got = value, True
+        return value
+
+    def passed(self, k: int) -> None:
+        self.outcomes[k] = TestOutcome(self.prepared.tests[k], "passed")
+
+    def failed(self, k: int, e: BaseException) -> None:
+        source = self.prepared.tests[k]
+        if isinstance(e, _Stop):
+            raise e
+        if isinstance(e, _Timeout):
+            self.timeouts += 1
+            if self.session is not None:
+                self.session.close()
+                self.session = None
+            self.outcomes[k] = TestOutcome(
+                source, "timeout", f"time limit ({self.evaluator.test_timeout_s:g} s) exceeded"
+            )
+            if time.monotonic() >= self.deadline:
+                self.stop_reason = f"the program's time limit ({self.evaluator.limits.timeout_s:g} s) was reached"
+            elif self.timeouts >= self.evaluator.max_timeouts:
+                self.stop_reason = f"stopped after {self.timeouts} timeouts"
+            if self.stop_reason is not None:
+                raise _Stop()
+            return
+        detail = _fmt(e)
+        if self.has_got:
+            try:
+                got = _REPR.repr(self.got)
+            except Exception:
+                got = "<unprintable>"
+            detail = f"returned {got}" if detail in ("", "AssertionError") else f"{detail} (returned {got})"
+        status = "failed" if isinstance(e, AssertionError) else "error"
+        self.outcomes[k] = TestOutcome(source, status, _redact(detail))
+        if self.stop_reason is not None:
+            raise _Stop()
 
 
 def _aux_use(fn: ast.AST) -> tuple[bool, bool, bool]:
@@ -584,23 +643,6 @@ def _aux_use(fn: ast.AST) -> tuple[bool, bool, bool]:
     return bool(used) and not rebinds, bool(calls) and not used, trivial
 
 
-def _parse_reports(report: str, nonce: str) -> tuple[dict[int, dict], dict[str, str]]:
-    tests: dict[int, dict] = {}
-    events: dict[str, str] = {}
-    for line in report.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(obj, dict) or obj.get("nonce") != nonce:
-            continue
-        if "i" in obj and isinstance(obj["i"], int):
-            tests.setdefault(obj["i"], obj)
-        elif "kind" in obj:
-            events.setdefault(str(obj["kind"]), str(obj.get("error", "")))
-    return tests, events
-
-
 class CodeEvaluator:
     """Extracts, assembles, runs and scores (aux, entry point) pairs; keeps a bounded cache of evaluations so that
     the reward and the feedback transition of the same joint action run it once.
@@ -611,8 +653,9 @@ class CodeEvaluator:
         timeout_s: wall-clock limit of one program's whole run (tests not reported by then count as failed).
         max_workers: programs run in parallel (default: CPUs, at most 8).
         memory_bytes: address-space limit of the sandboxed process.
-        max_output_bytes: stdout/stderr bound of the sandboxed process.
+        max_output_bytes: the largest reply (one returned value, encoded) accepted from the sandboxed process.
         cache_size: evaluations kept (least recently used are dropped).
+        backend: the sandbox backend ("auto", "bwrap", "unshare" or "none"; see `trl_marl.sandbox`).
     """
 
     def __init__(
@@ -624,13 +667,16 @@ class CodeEvaluator:
         memory_bytes: int = 1 << 30,
         max_output_bytes: int = 1 << 20,
         cache_size: int = 4096,
+        backend: str = "auto",
     ):
         if test_timeout_s <= 0 or timeout_s <= 0 or max_timeouts < 1:
             raise ValueError("test_timeout_s and timeout_s must be > 0 and max_timeouts >= 1")
         self.test_timeout_s = float(test_timeout_s)
         self.max_timeouts = int(max_timeouts)
         self.max_workers = max_workers
-        self.limits = SandboxLimits(timeout_s=timeout_s, memory_bytes=memory_bytes, max_output_bytes=max_output_bytes)
+        self.limits = SandboxLimits(
+            timeout_s=timeout_s, memory_bytes=memory_bytes, max_output_bytes=max_output_bytes, backend=backend
+        )
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple, CodeEvaluation] = OrderedDict()
         self._lock = threading.Lock()
@@ -667,10 +713,14 @@ class CodeEvaluator:
             i = idx[0]
             ev, payload = self._stage(aux_texts[i], main_texts[i], items[i])
             staged.append((key, idx, ev, payload))
-        to_run = [(k, idx, ev, p) for k, idx, ev, p in staged if p is not None]
-        outs = run_many([_program_source(p) for *_, p in to_run], self.limits, self.max_workers)
-        for (_, _, ev, payload), out in zip(to_run, outs):
-            self._finish(ev, payload, out)
+        to_run = [(ev, prepared) for _, _, ev, prepared in staged if prepared is not None]
+        workers = max(1, min(self.max_workers or min(os.cpu_count() or 1, 8), len(to_run) or 1))
+        if workers == 1:
+            for ev, prepared in to_run:
+                self._run(ev, prepared)
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="trl_marl_code") as pool:
+                list(pool.map(lambda job: self._run(*job), to_run))
         with self._lock:
             for key, idx, ev, _ in staged:
                 for i in idx:
@@ -680,7 +730,7 @@ class CodeEvaluator:
                     self._cache.popitem(last=False)
         return results  # type: ignore[return-value]
 
-    def _stage(self, aux_text: str, main_text: str, item: dict) -> tuple[CodeEvaluation, dict | None]:
+    def _stage(self, aux_text: str, main_text: str, item: dict) -> tuple[CodeEvaluation, PreparedProblem | None]:
         prepared = prepare_problem(item)
         ev = CodeEvaluation(
             aux=extract_function(aux_text, AUX_NAME), main=extract_function(main_text, prepared.entry_point)
@@ -700,55 +750,13 @@ class CodeEvaluator:
             return ev, None
         ev.breakdown["syntax"] = LEVELS["syntax"]
         ev.uses_aux, ev.aux_result_ignored, ev.trivial_wrapper = _aux_use(ev.main.node)
-        payload = {
-            "nonce": secrets.token_hex(8),
-            "program": ev.program,
-            "tests": prepared.test_module,
-            "entry_point": prepared.entry_point,
-            "test_timeout_s": self.test_timeout_s,
-            "max_timeouts": self.max_timeouts,
-            "_tests": prepared.tests,
-        }
-        return ev, payload
+        return ev, prepared
 
-    def _finish(self, ev: CodeEvaluation, payload: dict, out: SandboxResult) -> None:
-        ev.sandbox = out
-        reported, events = _parse_reports(out.report, payload["nonce"])
-        ev.load_error = events.get("load_error")
-        if out.timed_out:
-            why = f"not run: the program's time limit ({self.limits.timeout_s:g} s) was reached"
-        elif out.output_overflow:
-            why = "not run: the program printed more than the output limit"
-        elif "load_error" in events:
-            why = f"not run: {events['load_error']}"
-        elif "stopped" in events:
-            why = f"not run: {events['stopped']}"
-        elif "aborted" in events:
-            why = f"not run: the test code failed ({events['aborted']})"
-        elif out.error:
-            why = f"not run: {out.error}"
-        else:
-            why = f"not run: the program exited (status {out.returncode})"
-        tests = []
-        for k, source in enumerate(payload["_tests"]):
-            rep = reported.get(k)
-            if rep is None:
-                tests.append(TestOutcome(source, "not_run", why))
-                continue
-            status = str(rep.get("status"))
-            if status == "timeout":
-                detail = f"time limit ({self.test_timeout_s:g} s) exceeded"
-            elif status == "passed":
-                detail = ""
-            else:
-                got = rep.get("got")
-                detail = str(rep.get("error") or "")
-                if got is not None:
-                    bare = detail in ("", "AssertionError")
-                    detail = f"returned {got}" if bare else f"{detail} (returned {got})"
-            tests.append(
-                TestOutcome(source, status if status in ("passed", "failed", "error", "timeout") else "error", detail)
-            )
+    def _run(self, ev: CodeEvaluation, prepared: PreparedProblem) -> None:
+        """Run the tests (trusted, here) against the program (sandboxed) and score levels 4 to 6."""
+        harness = _Harness(self, prepared, ev.program)
+        tests, ev.load_error = harness.run()
+        ev.backend = harness.backend
         ev.tests = tests
         total = len(tests)
         ev.breakdown["tests"] = LEVELS["tests"] * (ev.passed / total if total else 0.0)
@@ -758,11 +766,6 @@ class CodeEvaluator:
             ev.breakdown["uses_aux"] = LEVELS["uses_aux"]
             if not ev.trivial_wrapper:
                 ev.breakdown["not_trivial_wrapper"] = LEVELS["not_trivial_wrapper"]
-
-
-def _program_source(payload: dict) -> str:
-    public = {k: v for k, v in payload.items() if not k.startswith("_")}
-    return f"_PAYLOAD = {json.dumps(public)!r}\n" + _HARNESS
 
 
 # --------------------------------------------------------------------------------------------------------------
