@@ -182,7 +182,13 @@ class PreferenceCollectionMixin:
                 r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)
                 rewards.extend(r.tolist())
             local.extend(
-                pairs_from_rollout(rollout, self.args.pair_selection, self.args.preference_pairs_per_sample, rng)
+                pairs_from_rollout(
+                    rollout,
+                    self.args.pair_selection,
+                    self.args.preference_pairs_per_sample,
+                    rng,
+                    formatters=self.rollout_engine.formatters,
+                )
             )
         self.model.train(was_training)
         if world > 1:

@@ -21,19 +21,20 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from ...algorithms.losses import bradley_terry_loss
+from .pairs import joint_prompt_text, joint_response_text
 
 __all__ = ["JointRewardModel", "joint_text"]
 
 
 def joint_text(prompts: Sequence[str], responses: Sequence[str]) -> str:
-    """The joint transcript the reward model reads: every agent's prompt, then every agent's response.
+    """The joint transcript the reward model reads: every agent's prompt, then every agent's response
+    (`joint_prompt_text + joint_response_text`, exactly the `prompt + chosen` of the joint dataset `to_dataset`
+    writes, which TRL's `RewardTrainer` concatenates the same way).
 
     The responses come last, next to the final token the scalar head reads (and `reward_max_length` truncation
     keeps the end), so they dominate the score's input rather than the (often long) prompts.
     """
-    head = "\n".join(f"Agent {i + 1} prompt:\n{p}" for i, p in enumerate(prompts))
-    tail = "\n".join(f"Agent {i + 1} response:\n{r}" for i, r in enumerate(responses))
-    return f"Joint multi-agent response\n{head}\n{tail}"
+    return joint_prompt_text(prompts) + joint_response_text(responses)
 
 
 class JointRewardModel(nn.Module):
