@@ -228,3 +228,174 @@ def test_joint_dpo_loss_sigmoid_without_reference_is_madpo_loss():
         joint_dpo_loss(c, r, 0.1, "aot")
     with pytest.raises(ValueError, match="loss_weights"):
         joint_dpo_loss(c, r, 0.1, ["sigmoid", "hinge"], [1.0])
+
+
+# ---------------------------------------------------------------- MADPO on TRL's DPO machinery
+def test_trl_pieces_exist_in_the_installed_trl():
+    """The TRL pieces the preference trainers reuse (one module, pinned to TRL 1.16) exist, and every MADPO
+    loss_type is one of TRL's DPO loss type names."""
+    from trl_marl.algorithms.losses import DPO_LOSS_TYPES
+    from trl_marl.trainers.preference import trl_pieces
+
+    for name in trl_pieces.__all__:
+        assert getattr(trl_pieces, name) is not None
+    help_text = trl_pieces.trl_dpo_loss_types()
+    for name in DPO_LOSS_TYPES:
+        assert f"'{name}'" in help_text, name
+    assert trl_pieces.RewardConfig(output_dir="x", use_cpu=True, bf16=False).center_rewards_coefficient is None
+
+
+def test_madpo_beta_and_dpo_beta_alias(make_args):
+    assert make_args(MADPOConfig).beta == 0.1
+    assert make_args(MADPOConfig, beta=0.3).dpo_beta == 0.3
+    with pytest.warns(FutureWarning, match="dpo_beta is deprecated"):
+        args = make_args(MADPOConfig, dpo_beta=0.2)
+    assert args.beta == args.dpo_beta == 0.2
+    assert make_args(MADPOConfig, loss_type="hinge").loss_type == ["hinge"]
+
+
+def _madpo(make_args, items, tiny_path, **kw):
+    args = make_args(MADPOConfig, preference_num_candidates=3, train_batch_size=4, **kw.pop("cfg", {}))
+    return MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items, **kw)
+
+
+@pytest.mark.parametrize("loss_type", ["hinge", "ipo", "bco_pair"])
+def test_madpo_loss_type_gradient_is_the_joint_formulas(make_args, items, tiny_path, loss_type):
+    """Through the trainer: the loss is TRL's formula on the joint response and each agent's gradient is the joint
+    loss's derivative through its OWN log-probs only."""
+    from trl_marl.algorithms.losses import dpo_pair_loss
+
+    t = _madpo(make_args, items, tiny_path, cfg={"loss_type": loss_type, "beta": 0.5})
+    pairs = t.collect_preference_pairs()[:4]
+    team = t.team
+    loss = t.compute_loss(team, {"pairs": pairs})
+    loss.backward()
+    got = [[p.grad.clone() for p in a.parameters()] for a in team.agents]
+    team.zero_grad()
+    c, r, lw, ll = t.preference_logps(team, pairs)
+    joint = dpo_pair_loss(loss_type, c.sum(0), r.sum(0), 0.5, 0.0, lw.sum(0).float(), ll.sum(0).float()).mean()
+    assert loss.item() == pytest.approx(joint.item(), rel=1e-5)
+    joint.backward()  # with disjoint agents, the joint loss's gradient w.r.t. agent i is agent i's term's
+    for i, agent in enumerate(team.agents):
+        for g, p in zip(got[i], agent.parameters()):
+            torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_madpo_reference_model_margins_equal_the_direct_computation(make_args, items, tiny_path):
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # a reference that differs from the agents
+    t = _madpo(make_args, items, tiny_path, ref_model=ref)
+    pairs = t.collect_preference_pairs()[:3]
+    with torch.no_grad():
+        c, r, _, _ = t.preference_logps(t.team, pairs)
+        ref_c, ref_r = t.reference_logps(pairs, c.device)
+
+    def direct(model, prompt, completion):
+        ids = torch.cat([prompt, completion])[None]
+        pos = torch.arange(ids.shape[1])[None]
+        logits = model(ids, position_ids=pos).logits[0, len(prompt) - 1 : -1]
+        return torch.log_softmax(logits.float(), -1).gather(1, completion[:, None]).sum().item()
+
+    with torch.no_grad():
+        for j, p in enumerate(pairs[:2]):
+            for i in range(2):
+                agent = t.team.agents[i]
+                m_direct = (
+                    direct(agent, p.prompt_ids[i], p.winner_ids[i]) - direct(ref, p.prompt_ids[i], p.winner_ids[i])
+                ) - (direct(agent, p.prompt_ids[i], p.loser_ids[i]) - direct(ref, p.prompt_ids[i], p.loser_ids[i]))
+                got = (c[i, j] - ref_c[i, j]) - (r[i, j] - ref_r[i, j])
+                assert got.item() == pytest.approx(m_direct, abs=1e-4)
+    # at the start the agents differ from the reference, so the log-ratios are not zero
+    assert (c - ref_c).abs().max() > 1e-3
+    # the DPO metrics are logged for the joint response
+    t.compute_loss(t.team, {"pairs": pairs})
+    m = t._metrics["train"]
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen"):
+        assert key in m
+    beta = t.args.beta
+    assert m["rewards/chosen"][-1] == pytest.approx(beta * (c - ref_c).sum(0).mean().item(), rel=1e-4)
+    assert m["rewards/margins"][-1] == pytest.approx(beta * ((c - ref_c) - (r - ref_r)).sum(0).mean().item(), rel=1e-4)
+
+
+def test_madpo_precomputed_reference_is_the_initial_policy(make_args, items, tiny_path):
+    t = _madpo(
+        make_args, items, tiny_path, cfg={"precompute_ref_log_probs": True, "max_steps": 2, "learning_rate": 1e-2}
+    )
+    pairs = t.collect_preference_pairs()
+    t.pairs = pairs
+    with torch.no_grad():
+        c0, r0, _, _ = t.preference_logps(t.team, pairs)
+    t.train()
+    ref_c = torch.tensor([p.ref_chosen_logps for p in pairs]).T
+    torch.testing.assert_close(ref_c, c0, rtol=1e-4, atol=1e-4)  # computed once, before any update
+    log = next(h for h in t.state.log_history if "rewards/chosen" in h)
+    assert log["rewards/chosen"] == pytest.approx(0.0, abs=1e-4)  # first step: policy == reference
+
+
+# ---------------------------------------------------------------- the joint reward model through TRL
+def _synthetic_pairs(count=8):
+    return [
+        PreferencePair([f"topic {i}", "x"], [f"good answer {i}", "yes good"], [f"bad answer {i}", "no"], 1.0, 0.0, 0.5)
+        for i in range(count)
+    ]
+
+
+def test_reward_model_fit_is_trls_reward_trainer_on_the_exported_dataset(tiny_path, tmp_path):
+    """`JointRewardModel.fit` gives the same weights as TRL's RewardTrainer run by hand on `to_dataset(pairs)` (the
+    text form TRL tokenizes itself): the fit IS TRL's, and fit and scoring read the tokens TRL reads."""
+    from trl import RewardConfig, RewardTrainer
+
+    from trl_marl.trainers.preference import JointRewardModel
+
+    pairs = _synthetic_pairs()
+    ours = JointRewardModel.from_pretrained(tiny_path, seed=3)
+    before = torch.get_rng_state()
+    result = ours.fit(pairs, learning_rate=1e-3, num_epochs=2, batch_size=4, seed=5, output_dir=str(tmp_path / "a"))
+    assert torch.equal(torch.get_rng_state(), before)  # the outer run's random stream did not move
+    assert set(result) >= {"accuracy", "margin", "loss", "train_loss", "losses"} and len(result["losses"]) == 4
+
+    theirs = JointRewardModel.from_pretrained(tiny_path, seed=3)
+    cfg = RewardConfig(
+        output_dir=str(tmp_path / "b"),
+        learning_rate=1e-3,
+        num_train_epochs=2,
+        per_device_train_batch_size=4,
+        lr_scheduler_type="constant",
+        seed=5,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        max_length=None,
+    )
+    RewardTrainer(
+        model=theirs.model, args=cfg, train_dataset=to_dataset(pairs), processing_class=theirs.tokenizer
+    ).train()
+    for (name, a), b in zip(ours.model.named_parameters(), theirs.model.parameters()):
+        torch.testing.assert_close(a, b, msg=name, rtol=1e-5, atol=1e-6)
+    # TRL's accuracy is the share of pairs whose winner scores higher, in eval mode
+    w = ours.score([p.prompts for p in pairs], [p.winner_completions for p in pairs])
+    lo = ours.score([p.prompts for p in pairs], [p.loser_completions for p in pairs])
+    assert result["accuracy"] == pytest.approx(sum(x > y for x, y in zip(w, lo)) / len(w))
+    assert result["margin"] == pytest.approx(sum(x - y for x, y in zip(w, lo)) / len(w), rel=1e-4)
+
+
+def test_reward_model_path_must_be_a_sequence_classification_model(make_args, tiny_path, tmp_path):
+    from trl_marl import MARLHFConfig, MARLHFIterConfig, MARLHFTrainer
+
+    with pytest.raises(ValueError, match="must be a sequence-classification model with num_labels=1"):
+        MARLHFTrainer(
+            agent_model=tiny_path,
+            reward_func=length_reward,
+            args=make_args(MARLHFConfig, reward_model_path=tiny_path),
+            train_dataset=[{"prompt": "a"}],
+        )
+    with pytest.raises(ValueError, match="reward_model_path must be a local model folder"):
+        make_args(MARLHFConfig, reward_model_path=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="iterative trainers fit a NEW reward model"):
+        make_args(MARLHFIterConfig, reward_model_path=tiny_path)
