@@ -14,7 +14,17 @@ from .advantages import (
     tree_returns,
 )
 from .logprobs import completion_mask, sequence_logprobs, token_logprobs
-from .losses import bradley_terry_loss, k3_kl, madpo_loss, policy_gradient_loss, ppo_clip_loss, value_loss
+from .losses import (
+    DPO_LOSS_TYPES,
+    bradley_terry_loss,
+    dpo_pair_loss,
+    joint_dpo_loss,
+    k3_kl,
+    madpo_loss,
+    policy_gradient_loss,
+    ppo_clip_loss,
+    value_loss,
+)
 
 __all__ = [
     "BASELINES",
@@ -28,6 +38,9 @@ __all__ = [
     "k3_kl",
     "linked_gae",
     "madpo_loss",
+    "DPO_LOSS_TYPES",
+    "dpo_pair_loss",
+    "joint_dpo_loss",
     "normalize_in_groups",
     "policy_gradient_loss",
     "popart_rescale",

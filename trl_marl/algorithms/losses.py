@@ -14,8 +14,29 @@ __all__ = [
     "value_loss",
     "bradley_terry_loss",
     "madpo_loss",
+    "DPO_LOSS_TYPES",
+    "dpo_pair_loss",
+    "joint_dpo_loss",
     "k3_kl",
 ]
+
+# TRL 1.16 `DPOTrainer` loss types that are a function of one pair's chosen / rejected log-ratios (and completion
+# lengths), and so apply to a JOINT response. Not here: `aot` / `aot_unpaired` (they sort the batch), `sft`
+# (per-token, not a margin).
+DPO_LOSS_TYPES = (
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sigmoid_norm",
+)
 
 
 def policy_gradient_loss(logprob_sums: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
@@ -115,6 +136,115 @@ def madpo_loss(margins: torch.Tensor, beta: float = 0.1) -> tuple[torch.Tensor, 
         per_agent.append(-F.logsigmoid(beta * delta_i).mean())
     backward_loss = torch.stack(per_agent).sum()
     return backward_loss, -F.logsigmoid(beta * total).mean()
+
+
+def dpo_pair_loss(
+    loss_type: str,
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+    chosen_lengths: torch.Tensor | None = None,
+    rejected_lengths: torch.Tensor | None = None,
+    discopop_tau: float = 0.05,
+) -> torch.Tensor:
+    """Per-pair DPO loss `(P,)` of TRL 1.16's `DPOTrainer` (reverse-KL f-divergence), same names and formulas.
+
+    `chosen` = log pi(y_w|x) - log pi_ref(y_w|x), `rejected` likewise for y_l (reference-free: the log-probs
+    themselves); `d = chosen - rejected`; `Lw`, `Ll` = completion token counts; `eps` = `label_smoothing`:
+
+        sigmoid       -log s(beta d)
+        hinge         relu(1 - beta d)
+        ipo           (chosen/Lw - rejected/Ll - 1/(2 beta))^2
+        exo_pair      s(beta d)(log s(beta d) - log(1-eps)) + s(-beta d)(log s(-beta d) - log eps)
+        nca_pair      -log s(beta chosen) - 1/2 log s(-beta chosen) - 1/2 log s(-beta rejected)
+        robust        (-(1-eps) log s(beta d) + eps log s(-beta d)) / (1 - 2 eps)
+        bco_pair      -log s(beta chosen) - log s(-beta rejected)
+        sppo_hard     (chosen - 1/(2 beta))^2 + (rejected + 1/(2 beta))^2
+        apo_zero      1 - s(beta chosen) + s(beta rejected)
+        apo_down      s(beta chosen) + 1 - s(beta d)
+        discopop      z = beta d, m = s(z/tau):  -log s(z)(1 - m) + exp(-z) m
+        sigmoid_norm  -log s(beta (chosen/Lw - rejected/Ll))
+
+    (`s` is the logistic sigmoid.)
+    """
+    d = chosen - rejected
+    if loss_type == "sigmoid":
+        return -F.logsigmoid(beta * d)
+    if loss_type == "hinge":
+        return torch.relu(1 - beta * d)
+    if loss_type in ("ipo", "sigmoid_norm"):
+        if chosen_lengths is None or rejected_lengths is None:
+            raise ValueError(f"loss_type={loss_type!r} needs the completion lengths")
+        avg = chosen / chosen_lengths.clamp(min=1) - rejected / rejected_lengths.clamp(min=1)
+        return (avg - 1 / (2 * beta)) ** 2 if loss_type == "ipo" else -F.logsigmoid(beta * avg)
+    if loss_type == "exo_pair":
+        eps = torch.tensor(label_smoothing, dtype=d.dtype, device=d.device)
+        z = beta * d
+        return torch.sigmoid(z) * (F.logsigmoid(z) - torch.log1p(-eps)) + torch.sigmoid(-z) * (
+            F.logsigmoid(-z) - torch.log(eps)
+        )
+    if loss_type == "nca_pair":
+        return -F.logsigmoid(beta * chosen) - 0.5 * F.logsigmoid(-beta * chosen) - 0.5 * F.logsigmoid(-beta * rejected)
+    if loss_type == "robust":
+        eps = label_smoothing
+        return (-(1 - eps) * F.logsigmoid(beta * d) + eps * F.logsigmoid(-beta * d)) / (1 - 2 * eps)
+    if loss_type == "bco_pair":
+        return -F.logsigmoid(beta * chosen) - F.logsigmoid(-beta * rejected)
+    if loss_type == "sppo_hard":
+        return (chosen - 0.5 / beta) ** 2 + (rejected + 0.5 / beta) ** 2
+    if loss_type == "apo_zero":
+        return 1 - torch.sigmoid(beta * chosen) + torch.sigmoid(beta * rejected)
+    if loss_type == "apo_down":
+        return torch.sigmoid(beta * chosen) + 1 - torch.sigmoid(beta * d)
+    if loss_type == "discopop":
+        z = beta * d
+        mix = torch.sigmoid(z / discopop_tau)
+        return -F.logsigmoid(z) * (1 - mix) + torch.exp(-z) * mix
+    raise ValueError(f"loss_type must be one of {list(DPO_LOSS_TYPES)}, got {loss_type!r}")
+
+
+def joint_dpo_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    beta: float,
+    loss_type: str | list[str] = "sigmoid",
+    loss_weights: list[float] | None = None,
+    label_smoothing: float = 0.0,
+    chosen_lengths: torch.Tensor | None = None,
+    rejected_lengths: torch.Tensor | None = None,
+    discopop_tau: float = 0.05,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A DPO loss of TRL's family on the JOINT response, each agent's gradient through its own terms only (MADPO).
+
+    Inputs are per agent `(n, P)`: `chosen[i]` = agent i's winner log-ratio (log pi_i - log pi_ref,i; the log-prob
+    when reference-free), `rejected[i]` the loser's, lengths its completion token counts. The joint response's
+    log-ratios and lengths are the sums over agents (`C = sum_i chosen_i`, so `C - R = Delta`, the joint margin):
+
+        L = sum_k w_k mean_p loss_k(C, R, Lw, Ll)                     (`dpo_pair_loss`, weights `loss_weights`)
+
+    Agent i's term evaluates L at `chosen_i + sg(sum_{j != i} chosen_j)` (likewise for rejected), the other agents'
+    values detached, so its gradient is `dL/dC grad chosen_i + dL/dR grad rejected_i` at the joint values.
+    Returns `(backward_loss, L)`: `backward_loss` = the sum of the agents' terms (backward through it), `L`
+    detached, for logging. With `"sigmoid"` and no reference this is `madpo_loss(chosen - rejected, beta)`.
+    """
+    types = [loss_type] if isinstance(loss_type, str) else list(loss_type)
+    weights = [1.0] * len(types) if loss_weights is None else list(loss_weights)
+    if len(weights) != len(types):
+        raise ValueError(f"loss_weights needs one weight per loss_type ({len(types)}), got {len(weights)}")
+    lw = None if chosen_lengths is None else chosen_lengths.sum(dim=0).to(chosen.dtype)
+    ll = None if rejected_lengths is None else rejected_lengths.sum(dim=0).to(chosen.dtype)
+
+    def total(c: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        out = 0.0
+        for t, w in zip(types, weights):
+            out = out + w * dpo_pair_loss(t, c, r, beta, label_smoothing, lw, ll, discopop_tau).mean()
+        return out
+
+    cd, rd = chosen.detach(), rejected.detach()
+    c_tot, r_tot = cd.sum(dim=0), rd.sum(dim=0)
+    terms = [total(chosen[i] + (c_tot - cd[i]), rejected[i] + (r_tot - rd[i])) for i in range(chosen.shape[0])]
+    return torch.stack(terms).sum(), total(c_tot, r_tot).detach()
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

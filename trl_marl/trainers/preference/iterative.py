@@ -224,6 +224,11 @@ class MARLHFIterConfig(MARLHFConfig, IterativeConfigMixin):
                 f"preference_scoring_reward must be one of {list(PREFERENCE_SCORING)}, got "
                 f"{self.preference_scoring_reward!r}"
             )
+        if self.reward_model_path is not None:
+            raise ValueError(
+                "reward_model_path is a reward model used as is, but the iterative trainers fit a NEW reward model "
+                "every round: use MARLHFTrainer with reward_model_path, or leave it unset"
+            )
 
 
 # ----------------------------------------------------------------------------------------------- round files
@@ -621,6 +626,7 @@ class MADPOIterTrainer(IterativeMixin, MADPOTrainer):
     _tag_names = ["trl", "trl_marl", "multi-agent", "madpo", "iterative-dpo"]
     config_class = MADPOIterConfig
     args_class = MADPOIterConfig
+    _precompute_from_initial_agents = False  # later rounds' pairs are collected after updates
 
     def _steps_upper_bound(self) -> int:
         a = self.args

@@ -2,11 +2,15 @@
 
     m_i   = log pi_i(a_i^w | h_i^w) - log pi_i(a_i^l | h_i^l)
     Delta = sum_i m_i
-    L     = - E[ log sigmoid( beta * Delta ) ]                 beta = dpo_beta
+    L     = - E[ log sigmoid( beta * Delta ) ]                 (loss_type="sigmoid", the default)
     grad_theta_i L = - beta * sigmoid(-beta * Delta) * grad m_i
 
 Each agent's gradient flows through its own margin only; the weight `sigmoid(-beta * Delta)` is the team's. The
-objective is reference-free (as specified; the inherited reference-KL fields add no term). The trainer first
+objective is reference-free by default (as specified; the inherited reference-KL fields add no term). TRL's DPO
+pieces: `loss_type` takes the names and formulas of TRL's `DPOTrainer` (`joint_dpo_loss`, applied to the joint
+response's log-ratios), and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's
+names) turns each log-prob into `log pi_i - log pi_ref,i`. Metrics are DPO's: `rewards/chosen`, `rewards/rejected`,
+`rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected` (of the joint response). The trainer first
 collects preference pairs from the task items with the initial agents (see `pairs.py`), then runs
 `num_train_epochs` over them.
 """
@@ -14,7 +18,9 @@ collects preference pairs from the task items with the initial agents (see `pair
 from __future__ import annotations
 
 import logging
+import os
 import random
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -23,8 +29,8 @@ from torch.utils.data import DataLoader
 from transformers.trainer_utils import TrainOutput
 
 from ...algorithms.logprobs import sequence_logprobs
-from ...algorithms.losses import madpo_loss
-from ...team import collate_agent_batch
+from ...algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
+from ...team import agent_token_logprobs, collate_agent_batch
 from ..base import MultiAgentTrainer, _identity_collate
 from ..config import MultiAgentConfig
 from .pairs import PAIR_SELECTIONS, PreferencePair, pairs_from_rollout
@@ -108,18 +114,65 @@ class PreferenceConfig(MultiAgentConfig):
 
 @dataclass
 class MADPOConfig(PreferenceConfig):
-    r"""Configuration of `MADPOTrainer`: all `PreferenceConfig` fields, plus:
+    r"""Configuration of `MADPOTrainer`: all `PreferenceConfig` fields, plus (names and meanings as in TRL's
+    `DPOConfig`):
 
     Parameters:
-        dpo_beta: eta, the scale of the joint margin in the loss.
+        beta: eta, the scale of the joint margin in the loss (TRL's `beta`; for `ipo` the regularization tau).
+        dpo_beta: deprecated alias of `beta` (when set it wins, with a warning).
+        loss_type: one or more of TRL's DPO loss types applied to the JOINT response: `sigmoid` (default, the
+            spec's MADPO), `hinge`, `ipo`, `exo_pair`, `nca_pair`, `robust`, `bco_pair`, `sppo_hard`, `apo_zero`,
+            `apo_down`, `discopop`, `sigmoid_norm`.
+        loss_weights: one weight per `loss_type` when several are combined (`None`: all 1).
+        label_smoothing: eps of the `robust` and `exo_pair` losses (TRL's `label_smoothing`).
+        discopop_tau: tau of the `discopop` loss.
+        precompute_ref_log_probs: compute every pair's reference log-probs once before training (with `ref_model`,
+            or, without one, with the INITIAL agents: the reference is then the starting policy at no memory cost).
+            Without it and without `ref_model` the loss is reference-free.
     """
 
-    dpo_beta: float = field(default=0.1, metadata={"help": "Scale eta of the joint margin."})
+    beta: float = field(default=0.1, metadata={"help": "Scale eta of the joint margin (TRL's DPO beta)."})
+    dpo_beta: float | None = field(default=None, metadata={"help": "Deprecated alias of beta."})
+    loss_type: list[str] = field(
+        default_factory=lambda: ["sigmoid"],
+        metadata={"help": f"TRL DPO loss type(s) on the joint response: {', '.join(DPO_LOSS_TYPES)}."},
+    )
+    loss_weights: list[float] | None = field(
+        default=None, metadata={"help": "Weights of several loss types (None: all 1)."}
+    )
+    label_smoothing: float = field(default=0.0, metadata={"help": "eps of the robust and exo_pair losses."})
+    discopop_tau: float = field(default=0.05, metadata={"help": "tau of the discopop loss."})
+    precompute_ref_log_probs: bool = field(
+        default=False,
+        metadata={"help": "Reference log-probs computed once before training (ref_model, else the initial agents)."},
+    )
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
-        if self.dpo_beta <= 0:
-            raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
+        if self.dpo_beta is not None:
+            if self.dpo_beta <= 0:
+                raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
+            if self.dpo_beta != self.beta:
+                warnings.warn("dpo_beta is deprecated: use beta (TRL's name)", FutureWarning, stacklevel=3)
+            self.beta = self.dpo_beta
+        if self.beta <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        self.dpo_beta = self.beta  # old readers of args.dpo_beta see the value in use
+        if isinstance(self.loss_type, str):
+            self.loss_type = [self.loss_type]
+        bad = [t for t in self.loss_type if t not in DPO_LOSS_TYPES]
+        if bad or not self.loss_type:
+            raise ValueError(f"loss_type must be one or more of {list(DPO_LOSS_TYPES)}, got {self.loss_type!r}")
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(
+                f"loss_weights needs one weight per loss_type ({len(self.loss_type)}), got {len(self.loss_weights)}"
+            )
+        if "robust" in self.loss_type and not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"loss_type 'robust' needs 0 <= label_smoothing < 0.5, got {self.label_smoothing}")
+        if "exo_pair" in self.loss_type and not 0 < self.label_smoothing < 1:
+            raise ValueError(f"loss_type 'exo_pair' needs 0 < label_smoothing < 1, got {self.label_smoothing}")
+        if self.discopop_tau <= 0:
+            raise ValueError(f"discopop_tau must be > 0, got {self.discopop_tau}")
 
 
 assert set(PreferenceConfig._allowed_pair_selections) <= set(PAIR_SELECTIONS)
@@ -182,7 +235,13 @@ class PreferenceCollectionMixin:
                 r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)
                 rewards.extend(r.tolist())
             local.extend(
-                pairs_from_rollout(rollout, self.args.pair_selection, self.args.preference_pairs_per_sample, rng)
+                pairs_from_rollout(
+                    rollout,
+                    self.args.pair_selection,
+                    self.args.preference_pairs_per_sample,
+                    rng,
+                    formatters=self.rollout_engine.formatters,
+                )
             )
         self.model.train(was_training)
         if world > 1:
@@ -199,7 +258,9 @@ class PreferenceCollectionMixin:
 
 class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
     """Multi-agent DPO (see the module docstring). Takes the `MultiAgentTrainer` arguments plus `adapter` (the
-    centralized adapter, default tagged) and `preference_pairs` (pairs collected elsewhere; skips collection).
+    centralized adapter, default tagged), `preference_pairs` (pairs collected elsewhere; skips collection) and
+    `ref_model` (TRL's name): the frozen reference policy, one model / path for every agent or a list with one per
+    agent (`None`: reference-free, unless `precompute_ref_log_probs` uses the initial agents).
 
     `train()` collects pairs with the initial agents, then trains `num_train_epochs` over them. If no item yields a
     non-tied pair, it logs that clearly and returns without any update. After training it evaluates the updated
@@ -220,6 +281,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         formatters=None,
         adapter=None,
         preference_pairs: list[PreferencePair] | None = None,
+        ref_model=None,
         **kwargs,
     ):
         args = self._checked_args(args)
@@ -228,6 +290,55 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
         )
         self.pairs: list[PreferencePair] | None = preference_pairs
+        self.ref_models = self._load_ref_models(ref_model)
+        if self.ref_models is None and args.precompute_ref_log_probs and not self._precompute_from_initial_agents:
+            raise ValueError(
+                f"{self._name}: precompute_ref_log_probs=True without ref_model would use the CURRENT agents for pairs "
+                "collected after updates; pass ref_model (the reference policy) for the iterative trainers"
+            )
+
+    # the initial agents can serve as the precomputed reference only where every pair exists before training
+    _precompute_from_initial_agents = True
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.ref_models is not None or self.args.precompute_ref_log_probs
+
+    def _load_ref_models(self, ref_model) -> list[torch.nn.Module] | None:
+        """Frozen reference models, one per agent (a single model / path is shared by all agents)."""
+        if ref_model is None:
+            return None
+        from .trl_pieces import disable_dropout_in_model, prepare_deepspeed
+
+        given = list(ref_model) if isinstance(ref_model, (list, tuple)) else [ref_model] * self.num_agents
+        if len(given) != self.num_agents:
+            raise ValueError(f"ref_model: expected one model per agent ({self.num_agents}), got {len(given)}")
+        loaded: dict[int, torch.nn.Module] = {}
+        refs = []
+        for i, src in enumerate(given):
+            key = id(src)
+            if key not in loaded:
+                if isinstance(src, (str, os.PathLike)):
+                    from transformers import AutoModelForCausalLM
+
+                    model = AutoModelForCausalLM.from_pretrained(src)
+                elif isinstance(src, torch.nn.Module):
+                    model = src
+                else:
+                    raise TypeError(
+                        f"ref_model entries must be a model or a path, got {type(src).__name__} for agent {i}"
+                    )
+                model.eval()
+                disable_dropout_in_model(model)
+                for p in model.parameters():
+                    p.requires_grad_(False)
+                if self.is_deepspeed_enabled:
+                    model = prepare_deepspeed(model, self.accelerator)
+                else:
+                    model.to(self.agent_device(i))
+                loaded[key] = model
+            refs.append(loaded[key])
+        return refs
 
     # ---- data: the collected pairs ----
     def get_train_dataloader(self) -> DataLoader:
@@ -251,41 +362,121 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
             self.pairs = self.collect_preference_pairs()
         if not self.pairs:
             return self._end_without_pairs("there is nothing to learn from")
+        if self.args.precompute_ref_log_probs:
+            self.precompute_reference_logps(self.pairs)
         out = super().train(*args, **kwargs)
         if self.eval_dataset is not None:
             self.evaluate()  # a true post-update reward, unlike turn_1/reward_mean
         return out
 
     # ---- the loss ----
-    def preference_margins(self, model, pairs: list[PreferencePair]) -> torch.Tensor:
-        """Per-agent margins `(n, P)`: ONE forward per agent over the winners and losers of the batch together."""
+    def _agent_pair_batches(self, pairs: list[PreferencePair]):
+        """Per agent, one batch laid out as TRL's DPO collator does: `[all winners ; all losers]`."""
         batches = []
         for i in range(self.num_agents):
             prompts = [p.prompt_ids[i] for p in pairs] * 2
             completions = [p.winner_ids[i] for p in pairs] + [p.loser_ids[i] for p in pairs]
             batches.append(collate_agent_batch(prompts, completions, self.tokenizers[i].pad_token_id))
+        return batches
+
+    def preference_logps(self, model, pairs: list[PreferencePair]):
+        """Per agent `(n, P)`: the winners' and losers' sequence log-probs and completion token counts, from ONE
+        forward per agent over the winners and losers of the batch together."""
+        batches = self._agent_pair_batches(pairs)
         token_logps = model(batches)
-        margins = []
+        chosen, rejected, lw, ll = [], [], [], []
+        device = token_logps[0].device
         for logp, batch in zip(token_logps, batches):
-            seq = sequence_logprobs(logp, batch.completion_mask.to(logp.device))
-            w, lo = seq.chunk(2)
-            margins.append(w - lo)
-        device = margins[0].device
-        return torch.stack([m.to(device) for m in margins])
+            mask = batch.completion_mask.to(logp.device)
+            w, lo = sequence_logprobs(logp, mask).chunk(2)
+            nw, nl = mask.sum(dim=1).chunk(2)
+            chosen.append(w.to(device))
+            rejected.append(lo.to(device))
+            lw.append(nw.to(device))
+            ll.append(nl.to(device))
+        return torch.stack(chosen), torch.stack(rejected), torch.stack(lw), torch.stack(ll)
+
+    def preference_margins(self, model, pairs: list[PreferencePair]) -> torch.Tensor:
+        """Per-agent margins `(n, P)`: `log pi_i(winner) - log pi_i(loser)` (no reference)."""
+        chosen, rejected, _, _ = self.preference_logps(model, pairs)
+        return chosen - rejected
+
+    @torch.no_grad()
+    def _reference_forward(self, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference log-probs `(n, P)` of the winners and losers: the `ref_model`s, else the agents as they are."""
+        if self.ref_models is None:
+            chosen, rejected, _, _ = self.preference_logps(self.team, pairs)
+            return chosen, rejected
+        outs_c, outs_r = [], []
+        for ref, batch in zip(self.ref_models, self._agent_pair_batches(pairs)):
+            mask = batch.completion_mask
+            logp = agent_token_logprobs(ref, batch)
+            w, lo = sequence_logprobs(logp, mask.to(logp.device)).chunk(2)
+            outs_c.append(w.float().cpu())
+            outs_r.append(lo.float().cpu())
+        return torch.stack(outs_c), torch.stack(outs_r)
+
+    def precompute_reference_logps(self, pairs: list[PreferencePair], batch_size: int | None = None) -> None:
+        """Fill every pair's `ref_chosen_logps` / `ref_rejected_logps` (TRL's `precompute_ref_log_probs`)."""
+        bs = batch_size or self.args.per_device_train_batch_size
+        was_training = self.team.training
+        self.team.eval()
+        todo = [p for p in pairs if p.ref_chosen_logps is None]
+        for s in range(0, len(todo), bs):
+            chunk = todo[s : s + bs]
+            c, r = self._reference_forward(chunk)
+            for j, p in enumerate(chunk):
+                p.ref_chosen_logps = c[:, j].tolist()
+                p.ref_rejected_logps = r[:, j].tolist()
+        self.team.train(was_training)
+
+    def reference_logps(self, pairs: list[PreferencePair], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(n, P)` reference log-probs of a batch: cached on the pairs, else from the `ref_model`s (then cached
+        only when `precompute_ref_log_probs`)."""
+        if any(p.ref_chosen_logps is None for p in pairs):
+            if self.ref_models is None:
+                raise RuntimeError(
+                    "reference log-probs are missing for a batch and there is no ref_model to compute them"
+                )
+            if self.args.precompute_ref_log_probs:
+                self.precompute_reference_logps(pairs)
+            else:
+                c, r = self._reference_forward(pairs)
+                return c.to(device), r.to(device)
+        c = torch.tensor([p.ref_chosen_logps for p in pairs], dtype=torch.float32).T
+        r = torch.tensor([p.ref_rejected_logps for p in pairs], dtype=torch.float32).T
+        return c.to(device), r.to(device)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         pairs = inputs["pairs"]
-        margins = self.preference_margins(model, pairs)
-        loss, joint = madpo_loss(margins, self.args.dpo_beta)
-        m = self._metrics["train"]
-        delta = margins.detach().sum(dim=0)
-        m["madpo/joint_loss"].append(joint.item())
-        m["rewards/accuracy"].append((delta > 0).float().mean().item())
-        m["rewards/margin"].append(delta.mean().item())
-        for i in range(margins.shape[0]):
-            m[f"agent_{i + 1}/margin"].append(margins[i].detach().mean().item())
-        # value: the joint loss L (what is logged as `loss`); gradient: the per-agent terms of `madpo_loss`
+        a = self.args
+        logp_c, logp_r, lw, ll = self.preference_logps(model, pairs)
+        chosen, rejected = logp_c, logp_r
+        if self.uses_reference:
+            ref_c, ref_r = self.reference_logps(pairs, logp_c.device)
+            chosen, rejected = logp_c - ref_c.to(logp_c.dtype), logp_r - ref_r.to(logp_r.dtype)
+        loss, joint = joint_dpo_loss(
+            chosen, rejected, a.beta, a.loss_type, a.loss_weights, a.label_smoothing, lw, ll, a.discopop_tau
+        )
+        self._log_dpo_metrics(chosen.detach(), rejected.detach(), logp_c.detach(), logp_r.detach(), joint)
+        # value: the joint loss L (what is logged as `loss`); gradient: the per-agent terms of `joint_dpo_loss`
         return loss - loss.detach() + joint
+
+    def _log_dpo_metrics(self, chosen, rejected, logp_c, logp_r, joint) -> None:
+        """DPO's metrics for the JOINT response (gathered over processes as `DPOTrainer` does), plus per agent."""
+        acc, beta = self.accelerator, self.args.beta
+        m = self._metrics["train"]
+        rc = acc.gather(beta * chosen.sum(dim=0))
+        rr = acc.gather(beta * rejected.sum(dim=0))
+        m["madpo/joint_loss"].append(acc.gather(joint.reshape(1)).mean().item())
+        m["rewards/chosen"].append(rc.mean().item())
+        m["rewards/rejected"].append(rr.mean().item())
+        m["rewards/accuracies"].append((rc > rr).float().mean().item())
+        m["rewards/margins"].append((rc - rr).mean().item())
+        m["logps/chosen"].append(acc.gather(logp_c.sum(dim=0)).mean().item())
+        m["logps/rejected"].append(acc.gather(logp_r.sum(dim=0)).mean().item())
+        for i in range(chosen.shape[0]):
+            m[f"agent_{i + 1}/margin"].append(acc.gather(chosen[i] - rejected[i]).mean().item())
 
     def _record_rollout_metrics(self, rollout, mode: str) -> None:
         super()._record_rollout_metrics(rollout, mode)

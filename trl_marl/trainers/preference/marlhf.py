@@ -2,7 +2,9 @@
 
 1. Collect preference pairs between joint responses with the task reward as oracle (`pairs.py`).
 2. Fit a `JointRewardModel` (all agents' prompts and responses as one text, a scalar head, Bradley-Terry) — newly
-   initialised, never falling back on the task reward — and freeze it.
+   initialised, never falling back on the task reward — with TRL's `RewardTrainer` as a stage before the RL loop
+   (sharing the outer accelerate state; its engine is released before the RL engine is built), and freeze it. Or,
+   with `reward_model_path`, load a reward model trained elsewhere (e.g. `trl reward`) and use it as is.
 3. RL on its scores (no gradients through it) with the backend `rl_algorithm`: `magrpo` (group mean), `mareinforce`
    (raw), `marloo` (leave-one-out), `maremax` (group max), `maac` (centralized critic), `iac` (independent
    critics); the reference-KL penalty applies to this phase only.
@@ -52,11 +54,16 @@ class MARLHFConfig(PreferenceConfig):
         rl_algorithm: the RL backend: `magrpo`, `mareinforce`, `marloo` or `maremax`.
         advantage_normalization: z-score advantages inside each group; `None` means on for `magrpo`, off for the
             others (with it on they would all equal MAGRPO).
+        reward_model_path: a sequence-classification reward model (num_labels=1) trained elsewhere, e.g. with
+            `trl reward` on `to_dataset(pairs)`: loaded and used as is (no pair collection, no fitting).
+            `MARLHFTrainer` only (the iterative trainers refit per round).
         reward_model_name: model id / path of the reward model's backbone; `None` uses the first agent's id
             (required when the agents are model objects without an id).
-        reward_learning_rate: AdamW learning rate of the reward model.
+        reward_learning_rate: learning rate of the reward model's fit (TRL's `RewardTrainer`, constant schedule).
         reward_num_train_epochs: epochs of Bradley-Terry training over the pairs.
-        reward_train_batch_size: pairs per reward-model step.
+        reward_train_batch_size: pairs per reward-model step and process.
+        reward_gradient_accumulation_steps: gradient accumulation of the reward model's fit.
+        reward_center_rewards_coefficient: TRL's `center_rewards_coefficient` (`None`: off).
         reward_max_length: truncate joint transcripts to this many tokens (keeping the end); `None` keeps them.
         reward_freeze_backbone: train only the scalar head.
         reward_model_device: device of the reward model; `None` is the trainer's device (works on CPU-only
@@ -88,9 +95,18 @@ class MARLHFConfig(PreferenceConfig):
     reward_model_name: str | None = field(
         default=None, metadata={"help": "Reward model backbone id/path; None: the first agent's."}
     )
+    reward_model_path: str | None = field(
+        default=None, metadata={"help": "A seq-cls reward model trained elsewhere (e.g. trl reward), used as is."}
+    )
     reward_learning_rate: float = field(default=1e-5, metadata={"help": "Reward model learning rate."})
     reward_num_train_epochs: int = field(default=1, metadata={"help": "Bradley-Terry epochs over the pairs."})
-    reward_train_batch_size: int = field(default=4, metadata={"help": "Pairs per reward-model step."})
+    reward_train_batch_size: int = field(default=4, metadata={"help": "Pairs per reward-model step and process."})
+    reward_gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Gradient accumulation of the reward model's fit."}
+    )
+    reward_center_rewards_coefficient: float | None = field(
+        default=None, metadata={"help": "TRL RewardConfig.center_rewards_coefficient (None: off)."}
+    )
     reward_max_length: int | None = field(
         default=None, metadata={"help": "Truncate joint transcripts to this many tokens (keeps the end)."}
     )
@@ -129,6 +145,12 @@ class MARLHFConfig(PreferenceConfig):
             raise ValueError(f"reward_learning_rate must be > 0, got {self.reward_learning_rate}")
         if self.reward_num_train_epochs < 1 or self.reward_train_batch_size < 1:
             raise ValueError("reward_num_train_epochs and reward_train_batch_size must be >= 1")
+        if self.reward_gradient_accumulation_steps < 1:
+            raise ValueError(
+                f"reward_gradient_accumulation_steps must be >= 1, got {self.reward_gradient_accumulation_steps}"
+            )
+        if self.reward_model_path is not None and not os.path.isdir(self.reward_model_path):
+            raise ValueError(f"reward_model_path must be a local model folder, got {self.reward_model_path!r}")
 
 
 class _MARLHFMixin(PreferenceCollectionMixin):
@@ -151,6 +173,8 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         **kwargs,
     ):
         args = self._checked_args(args)
+        if reward_model is None and args.reward_model_path is not None:
+            reward_model = JointRewardModel.load(args.reward_model_path, max_length=args.reward_max_length)
         if reward_model is None and args.reward_model_name is None:
             sources = [agent_model] if agents is None else list(agents)
             if not isinstance(sources[0], (str, os.PathLike)) and not getattr(
@@ -165,6 +189,8 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
         )
         self.reward_model = reward_model
+        if reward_model is not None and args.reward_model_path is not None:
+            reward_model.to(args.reward_model_device or self.accelerator.device)
         self.pairs = preference_pairs
         # RL rollouts score with the learned reward; `rollout_engine` keeps the task reward (pairs, evaluation)
         self.train_rollout_engine = copy.copy(self.rollout_engine)
@@ -181,33 +207,40 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         return self.reward_model.score(prompts, responses, batch_size=max(8, len(responses)))
 
     def fit_reward_model(self) -> JointRewardModel:
-        """Collect pairs (if needed) and fit a NEWLY initialised joint reward model on them."""
+        """Collect pairs (if needed) and fit a NEWLY initialised joint reward model on them with TRL's
+        `RewardTrainer` (a stage: it shares the outer accelerate state, shards the pairs over the processes, and
+        releases its optimizer and engine before returning). Logs TRL's reward metrics on the pairs as
+        `reward_model/accuracy`, `reward_model/margin`, `reward_model/loss` (eval mode, after the fit)."""
         if self.pairs is None:
             self.pairs = self.collect_preference_pairs()
-        name = self.args.reward_model_name or self.agent_names[0]
-        tok = None if self.args.reward_model_name else self.tokenizers[0]
-        rm = JointRewardModel.from_pretrained(
-            name, tokenizer=tok, max_length=self.args.reward_max_length, seed=self.args.seed
-        )
-        rm.to(self.args.reward_model_device or self.accelerator.device)
-        losses = rm.fit(
+        a = self.args
+        name = a.reward_model_name or self.agent_names[0]
+        tok = None if a.reward_model_name else self.tokenizers[0]
+        rm = JointRewardModel.from_pretrained(name, tokenizer=tok, max_length=a.reward_max_length, seed=a.seed)
+        rm.to(self.accelerator.device)
+        result = rm.fit(
             self.pairs,
-            self.args.reward_learning_rate,
-            self.args.reward_num_train_epochs,
-            self.args.reward_train_batch_size,
-            self.args.reward_freeze_backbone,
-            self.args.seed,
+            learning_rate=a.reward_learning_rate,
+            num_epochs=a.reward_num_train_epochs,
+            batch_size=a.reward_train_batch_size,
+            freeze_backbone=a.reward_freeze_backbone,
+            seed=a.seed,
+            output_dir=os.path.join(a.output_dir, "reward_model_fit"),
+            gradient_accumulation_steps=a.reward_gradient_accumulation_steps,
+            center_rewards_coefficient=a.reward_center_rewards_coefficient,
+            bf16=bool(a.bf16),
+            fp16=bool(a.fp16),
+            use_cpu=a.use_cpu,
+            ddp_backend=a.ddp_backend,
         )
-        if self.accelerator.num_processes > 1:  # identical data and seed; make it exact anyway
-            from accelerate.utils import broadcast
-
-            for p in rm.parameters():
-                p.data.copy_(broadcast(p.data.to(self.accelerator.device), from_process=0).to(p.device))
+        if a.reward_model_device is not None:
+            rm.to(a.reward_model_device)
         m = self._metrics["train"]
-        if losses:
-            m["reward_model/loss_first"].append(losses[0])
-            m["reward_model/loss_last"].append(losses[-1])
-        m["reward_model/pair_accuracy"].append(self.reward_model_accuracy(rm))
+        if result["losses"]:
+            m["reward_model/loss_first"].append(result["losses"][0])
+            m["reward_model/loss_last"].append(result["losses"][-1])
+        for key in ("accuracy", "margin", "loss"):
+            m[f"reward_model/{key}"].append(result[key])
         self.reward_model = rm
         return rm
 

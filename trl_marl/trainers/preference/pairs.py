@@ -15,6 +15,10 @@ responses with different scores, the higher is the winner, the other the loser; 
 
 A pair record has exactly the JSON shape of the spec (`to_record()`); the token ids of the winner's and loser's
 completions are kept beside it in memory for training, so nothing is re-tokenized within a run.
+
+`to_dataset()` / `PreferencePair.from_dataset()` convert pairs to and from TRL's standard preference format (a
+`datasets.Dataset` with `prompt`, `chosen`, `rejected`): over the joint transcript (what the joint reward model and
+`trl reward` read) or for one agent's side (what `DPOTrainer` reads). See docs/preference-pairs.md.
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["PAIR_SELECTIONS", "PreferencePair", "select_pairs", "select_aligned_pairs", "pairs_from_rollout"]
+__all__ = [
+    "PAIR_SELECTIONS",
+    "PreferencePair",
+    "select_pairs",
+    "select_aligned_pairs",
+    "pairs_from_rollout",
+    "to_dataset",
+    "joint_prompt_text",
+    "joint_response_text",
+]
 
 PAIR_SELECTIONS = ("reward_gap", "all", "random", "comparator_reward")
 
@@ -47,6 +60,12 @@ class PreferencePair:
     raw_rewards: list[float] | None = None
     target_raw_reward: float | None = None
     comparator_raw_reward: float | None = None
+    # per agent, the formatter's chat messages when the prompt came from a chat template (else None)
+    prompt_messages: list[list[dict] | None] | None = field(default=None, repr=False)
+    # per agent, the reference model's sequence log-probs of the winner's / loser's completion (MADPO with a
+    # reference model; TRL's `ref_chosen_logps` / `ref_rejected_logps`)
+    ref_chosen_logps: list[float] | None = field(default=None, repr=False)
+    ref_rejected_logps: list[float] | None = field(default=None, repr=False)
 
     def to_record(self) -> dict:
         """The spec's JSON record (the iterative fields only when set)."""
@@ -63,6 +82,22 @@ class PreferencePair:
             rec["target_raw_reward"] = self.target_raw_reward
             rec["comparator_raw_reward"] = self.comparator_raw_reward
         return rec
+
+    @classmethod
+    def from_dataset(cls, dataset, trainer=None) -> list[PreferencePair]:
+        """Pairs back from `to_dataset()`'s output (the inverse; lossless for the texts and scores).
+
+        `dataset` is the JOINT dataset (its `agent_prompts` / `agent_chosen` / `agent_rejected` columns hold every
+        agent's side), or a list with one PER-AGENT dataset per agent (rows aligned: row j of every dataset is pair
+        j). Conversational rows keep their messages in `prompt_messages`; the prompt text is then the message
+        contents (or, with `trainer`, agent i's chat template applied, as generation renders it).
+
+        With `trainer` (any trl_marl trainer) the token ids are filled in by re-tokenizing the text the way a
+        round file is re-read (`trainer.tokenize_prompt` / `trainer.tokenize_completion`), so the pairs can be
+        trained on; without it they hold text only (enough for the joint reward model).
+        """
+        records = _records_from_dataset(dataset)
+        return [_pair_from_dataset_record(rec, trainer) for rec in records]
 
 
 def select_pairs(
@@ -95,13 +130,21 @@ def select_pairs(
     return pairs
 
 
-def pairs_from_rollout(rollout, selection: str, limit: int | None, rng: random.Random) -> list[PreferencePair]:
-    """Preference pairs from a single-turn aligned rollout (one node per item, K joint actions)."""
+def pairs_from_rollout(
+    rollout, selection: str, limit: int | None, rng: random.Random, formatters=None
+) -> list[PreferencePair]:
+    """Preference pairs from a single-turn aligned rollout (one node per item, K joint actions). With the agents'
+    `formatters`, chat-message prompts are kept in `prompt_messages` (for the conversational export)."""
     out: list[PreferencePair] = []
     n = rollout.num_agents
     for node in rollout.nodes:
         scores = node.rewards.tolist() if node.rewards.ndim == 1 else node.rewards.mean(dim=1).tolist()
         mean = sum(scores) / len(scores)
+        messages = None
+        if formatters is not None:
+            item = rollout.items[node.item]
+            messages = [_messages_or_none(formatters[i](item)) for i in range(n)]
+            messages = messages if any(messages) else None
         for w, lo in select_pairs(scores, selection, limit, rng):
             ws = [rollout.samples[node.samples[i][w]] for i in range(n)]
             ls = [rollout.samples[node.samples[i][lo]] for i in range(n)]
@@ -116,9 +159,16 @@ def pairs_from_rollout(rollout, selection: str, limit: int | None, rng: random.R
                     prompt_ids=[s.prompt_ids for s in ws],
                     winner_ids=[s.completion_ids for s in ws],
                     loser_ids=[s.completion_ids for s in ls],
+                    prompt_messages=messages,
                 )
             )
     return out
+
+
+def _messages_or_none(formatted) -> list[dict] | None:
+    if isinstance(formatted, (list, tuple)) and formatted and all(isinstance(m, dict) for m in formatted):
+        return [dict(m) for m in formatted]
+    return None
 
 
 def select_aligned_pairs(
@@ -159,3 +209,182 @@ def select_aligned_pairs(
     if limit is not None and selection != "all":
         found = found[:limit]
     return [(c, wins) for c, wins, _, _ in found]
+
+
+# ---------------------------------------------------------------- TRL's preference format
+JOINT_HEADER = "Joint multi-agent response"
+
+
+def joint_prompt_text(prompts: Sequence[str]) -> str:
+    """The prompt half of the joint transcript: every agent's prompt, labelled, after a header line."""
+    head = "\n".join(f"Agent {i + 1} prompt:\n{p}" for i, p in enumerate(prompts))
+    return f"{JOINT_HEADER}\n{head}\n"
+
+
+def joint_response_text(responses: Sequence[str]) -> str:
+    """The response half of the joint transcript: every agent's response, labelled. The responses come last, next
+    to the final token a reward model's scalar head reads."""
+    return "\n".join(f"Agent {i + 1} response:\n{r}" for i, r in enumerate(responses))
+
+
+def _plain_prompt(pair: PreferencePair, i: int) -> str:
+    """Agent i's prompt without chat-template markup: its messages' contents when known, else the prompt text."""
+    msgs = pair.prompt_messages[i] if pair.prompt_messages else None
+    if msgs:
+        return "\n".join(str(m.get("content", "")) for m in msgs)
+    return str(pair.prompts[i])
+
+
+def _is_chat(pair: PreferencePair) -> bool:
+    return bool(pair.prompt_messages) and all(m for m in pair.prompt_messages)
+
+
+def to_dataset(pairs: Sequence[PreferencePair], agent: int | None = None, conversational: bool | None = None):
+    """Pairs as a `datasets.Dataset` in TRL's standard preference format (`prompt`, `chosen`, `rejected`).
+
+    * `agent=None`: the JOINT transcript, what the joint reward model reads (`trl reward` / `RewardTrainer` can fit
+      it as is): `prompt` = every agent's prompt, `chosen` / `rejected` = every agent's response of the winning /
+      losing joint response. Extra columns keep each agent's side (`agent_prompts`, `agent_chosen`,
+      `agent_rejected`) so that `PreferencePair.from_dataset` restores the pairs exactly.
+    * `agent=i`: agent i's side only (`DPOTrainer` trains agent i on it): its prompt, its winning and losing
+      response.
+
+    `conversational=None` picks the conversational form (`prompt` a list of messages, `chosen` / `rejected` one
+    assistant message) when every agent's prompt came from a chat template, else plain text; `True` / `False`
+    forces one. Every row also carries `winner_reward`, `loser_reward` and `candidate_reward_mean` (TRL's
+    trainers drop unused columns).
+    """
+    from datasets import Dataset
+
+    pairs = list(pairs)
+    if conversational is None:
+        conversational = bool(pairs) and all(_is_chat(p) for p in pairs)
+    rows: dict[str, list] = {"prompt": [], "chosen": [], "rejected": []}
+    if agent is None:
+        rows.update(agent_prompts=[], agent_chosen=[], agent_rejected=[])
+    rows.update(winner_reward=[], loser_reward=[], candidate_reward_mean=[])
+    for p in pairs:
+        if agent is None:
+            if conversational:
+                prompt = [
+                    {
+                        "role": "user",
+                        "content": joint_prompt_text([_plain_prompt(p, i) for i in range(len(p.prompts))]),
+                    }
+                ]
+            else:
+                prompt = joint_prompt_text(p.prompts)
+            chosen, rejected = joint_response_text(p.winner_completions), joint_response_text(p.loser_completions)
+            rows["agent_prompts"].append([str(x) for x in p.prompts])
+            rows["agent_chosen"].append(list(p.winner_completions))
+            rows["agent_rejected"].append(list(p.loser_completions))
+        else:
+            if not 0 <= agent < len(p.prompts):
+                raise ValueError(
+                    f"agent must be in [0, {len(p.prompts) - 1}] (or None for the joint dataset), got {agent}"
+                )
+            if conversational:
+                msgs = p.prompt_messages[agent] if p.prompt_messages else None
+                prompt = [dict(m) for m in msgs] if msgs else [{"role": "user", "content": str(p.prompts[agent])}]
+            else:
+                prompt = str(p.prompts[agent])
+            chosen, rejected = p.winner_completions[agent], p.loser_completions[agent]
+        if conversational:
+            chosen = [{"role": "assistant", "content": chosen}]
+            rejected = [{"role": "assistant", "content": rejected}]
+        rows["prompt"].append(prompt)
+        rows["chosen"].append(chosen)
+        rows["rejected"].append(rejected)
+        rows["winner_reward"].append(float(p.winner_reward))
+        rows["loser_reward"].append(float(p.loser_reward))
+        rows["candidate_reward_mean"].append(float(p.candidate_reward_mean))
+    return Dataset.from_dict(rows)
+
+
+def _text(value) -> str:
+    """A plain-text cell, or the contents of a conversational cell's messages."""
+    if isinstance(value, list):
+        return "\n".join(str(m.get("content", "")) for m in value)
+    return str(value)
+
+
+def _records_from_dataset(dataset) -> list[dict]:
+    """Spec-shaped records (plus `prompt_messages`) from a joint dataset or a list of per-agent datasets."""
+    if isinstance(dataset, (list, tuple)):
+        if not dataset:
+            raise ValueError("from_dataset needs the joint dataset or a non-empty list of per-agent datasets")
+        sizes = {len(d) for d in dataset}
+        if len(sizes) != 1:
+            raise ValueError(f"the per-agent datasets must have the same number of rows (aligned pairs), got {sizes}")
+        for d in dataset:
+            _check_columns(d, ("prompt", "chosen", "rejected"))
+        n = len(dataset)
+        cols = [d.to_dict() for d in dataset]
+        out = []
+        for j in range(len(dataset[0])):
+            prompts = [cols[i]["prompt"][j] for i in range(n)]
+            out.append(
+                {
+                    "prompts": [_text(x) for x in prompts],
+                    "prompt_messages": [x if isinstance(x, list) else None for x in prompts],
+                    "winner_completions": [_text(cols[i]["chosen"][j]) for i in range(n)],
+                    "loser_completions": [_text(cols[i]["rejected"][j]) for i in range(n)],
+                    **_scores(cols[0], j),
+                }
+            )
+        return out
+    _check_columns(dataset, ("agent_prompts", "agent_chosen", "agent_rejected"))
+    cols = dataset.to_dict()
+    return [
+        {
+            "prompts": list(cols["agent_prompts"][j]),
+            "prompt_messages": None,
+            "winner_completions": list(cols["agent_chosen"][j]),
+            "loser_completions": list(cols["agent_rejected"][j]),
+            **_scores(cols, j),
+        }
+        for j in range(len(dataset))
+    ]
+
+
+def _check_columns(dataset, needed: Sequence[str]) -> None:
+    missing = [c for c in needed if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"from_dataset: the dataset lacks the column(s) {missing} (it has {dataset.column_names}); pass the joint "
+            "dataset written by to_dataset(pairs), or a list of per-agent datasets to_dataset(pairs, agent=i)"
+        )
+
+
+def _scores(cols: dict, j: int) -> dict:
+    def get(name: str, default: float) -> float:
+        return float(cols[name][j]) if name in cols and cols[name][j] is not None else default
+
+    return {
+        "winner_reward": get("winner_reward", 1.0),
+        "loser_reward": get("loser_reward", 0.0),
+        "candidate_reward_mean": get("candidate_reward_mean", 0.5),
+    }
+
+
+def _pair_from_dataset_record(rec: dict, trainer=None) -> PreferencePair:
+    """One pair from a record; with a trainer, the text is (re-)tokenized as a round file's records are."""
+    msgs = rec.get("prompt_messages")
+    prompts = list(rec["prompts"])
+    if trainer is not None and msgs:
+        prompts = [trainer.rollout_engine.render(i, m) if m else prompts[i] for i, m in enumerate(msgs)]
+    pair = PreferencePair(
+        prompts=prompts,
+        winner_completions=list(rec["winner_completions"]),
+        loser_completions=list(rec["loser_completions"]),
+        winner_reward=rec["winner_reward"],
+        loser_reward=rec["loser_reward"],
+        candidate_reward_mean=rec["candidate_reward_mean"],
+        prompt_messages=msgs if msgs and any(msgs) else None,
+    )
+    if trainer is not None:
+        n = len(prompts)
+        pair.prompt_ids = [trainer.tokenize_prompt(i, prompts[i]) for i in range(n)]
+        pair.winner_ids = [trainer.tokenize_completion(i, pair.winner_completions[i]) for i in range(n)]
+        pair.loser_ids = [trainer.tokenize_completion(i, pair.loser_completions[i]) for i in range(n)]
+    return pair

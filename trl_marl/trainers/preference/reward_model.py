@@ -1,39 +1,44 @@
-"""`JointRewardModel`: one scalar score for the WHOLE team's response.
+"""`JointRewardModel`: one scalar score for the WHOLE team's response, fitted with TRL's `RewardTrainer`.
 
-All agents' prompts and responses are written as ONE text; the model is transformers'
-`AutoModelForSequenceClassification(num_labels=1)` — the same scalar head on the backbone's last hidden state at the
-final non-padding token that TRL's `RewardTrainer` uses — fitted with the Bradley-Terry loss
+All agents' prompts and responses are written as ONE text (the joint transcript, `prompt + chosen` of the joint
+dataset `pairs.to_dataset` writes); the model is transformers' `AutoModelForSequenceClassification(num_labels=1)`,
+the scalar head on the backbone's last hidden state at the final non-padding token, as TRL's `RewardTrainer` uses it.
+`fit` hands the pairs to TRL's `RewardTrainer` / `RewardConfig` (its Bradley-Terry loss
 
-    L(psi) = - E_{(w, l)} [ log sigmoid( R(h^w, a^w) - R(h^l, a^l) ) ]
+    L(psi) = - E_{(w, l)} [ log sigmoid( R(h^w, a^w) - R(h^l, a^l) ) ]  (+ center_rewards_coefficient term),
 
-It never falls back on the task reward. Training is a small loop here (rather than a nested `RewardTrainer`) because
-it runs inside another Trainer's `train()`: a second Trainer would need a second accelerate / DeepSpeed engine.
+dropout off, accelerate / DDP / DeepSpeed, mixed precision, gradient accumulation, its metrics `accuracy`, `margin`,
+`loss`) as a STAGE: the reward trainer shares the outer run's accelerate state, and its optimizer and engine are
+released before the stage returns. It never falls back on the task reward. A reward model trained elsewhere (e.g.
+`trl reward` on the exported joint dataset) loads with `JointRewardModel.load(path)` and is used as is.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import gc
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from ...algorithms.losses import bradley_terry_loss
+from .pairs import joint_prompt_text, joint_response_text
 
-__all__ = ["JointRewardModel", "joint_text"]
+__all__ = ["JointRewardModel", "joint_text", "reward_dataset"]
 
 
 def joint_text(prompts: Sequence[str], responses: Sequence[str]) -> str:
-    """The joint transcript the reward model reads: every agent's prompt, then every agent's response.
+    """The joint transcript the reward model reads: every agent's prompt, then every agent's response
+    (`joint_prompt_text + joint_response_text`, exactly the `prompt + chosen` of the joint dataset `to_dataset`
+    writes, which TRL's `RewardTrainer` concatenates the same way).
 
     The responses come last, next to the final token the scalar head reads (and `reward_max_length` truncation
     keeps the end), so they dominate the score's input rather than the (often long) prompts.
     """
-    head = "\n".join(f"Agent {i + 1} prompt:\n{p}" for i, p in enumerate(prompts))
-    tail = "\n".join(f"Agent {i + 1} response:\n{r}" for i, r in enumerate(responses))
-    return f"Joint multi-agent response\n{head}\n{tail}"
+    return joint_prompt_text(prompts) + joint_response_text(responses)
 
 
 class JointRewardModel(nn.Module):
@@ -58,35 +63,57 @@ class JointRewardModel(nn.Module):
     def from_pretrained(
         cls, name_or_path: str, tokenizer=None, max_length: int | None = None, seed: int = 0, **kwargs
     ) -> JointRewardModel:
-        """Load the backbone from `name_or_path` with a NEWLY initialised scalar head (seeded)."""
-        torch.manual_seed(seed)
-        model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1, **kwargs)
+        """Load the backbone from `name_or_path` with a NEWLY initialised scalar head (seeded; the global RNG
+        streams are left where they were)."""
+        with _rng_preserved():
+            torch.manual_seed(seed)
+            model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1, **kwargs)
         tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(name_or_path)
         return cls(model, tok, max_length)
+
+    @classmethod
+    def load(cls, path: str, max_length: int | None = None, **kwargs) -> JointRewardModel:
+        """A reward model trained elsewhere (e.g. `trl reward` on the exported joint dataset), used as is: a
+        sequence-classification checkpoint with `num_labels == 1` and its tokenizer."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path)
+        archs = getattr(config, "architectures", None) or []
+        if not any(a.endswith("ForSequenceClassification") for a in archs) or getattr(config, "num_labels", 1) != 1:
+            raise ValueError(
+                f"reward_model_path={path!r} must be a sequence-classification model with num_labels=1 (as TRL's "
+                f"RewardTrainer saves it), got architectures={archs} num_labels={getattr(config, 'num_labels', None)}"
+            )
+        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+        rm = cls(model, AutoTokenizer.from_pretrained(path), max_length)
+        rm.eval()
+        for p in rm.parameters():
+            p.requires_grad_(False)
+        return rm
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def encode(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        # Every transcript ends with EOS (as TRL's RewardTrainer appends it to plain text): the head then reads a
-        # summary position that attends over the whole transcript rather than the last response token.
+    def token_ids(self, text: str) -> list[int]:
+        """The token ids the model reads for one transcript: as TRL's `RewardTrainer` tokenizes plain text (EOS
+        appended, the tokenizer's special tokens), cut to the last `max_length` tokens."""
         eos = self.tokenizer.eos_token if self.tokenizer.eos_token_id != self.tokenizer.pad_token_id else None
-        texts = [t + eos if eos and not t.endswith(eos) else t for t in texts]
-        enc = self.tokenizer(list(texts), padding=True, return_tensors="pt", add_special_tokens=True)
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        if self.max_length is not None and ids.shape[1] > self.max_length:
-            # keep the end of each transcript: left-align by the mask, then cut from the left
-            rows_ids, rows_mask = [], []
-            for r in range(ids.shape[0]):
-                toks = ids[r][mask[r].bool()][-self.max_length :]
-                rows_ids.append(toks)
-                rows_mask.append(torch.ones_like(toks))
-            from trl.trainer.utils import pad
+        if eos and not text.endswith(eos):
+            text = text + eos
+        ids = self.tokenizer(text)["input_ids"]
+        return ids[-self.max_length :] if self.max_length is not None else ids
 
-            side = self.tokenizer.padding_side
-            ids = pad(rows_ids, self.tokenizer.pad_token_id, padding_side=side)
-            mask = pad(rows_mask, 0, padding_side=side)
+    def encode(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """A padded batch of `token_ids` (the tokenizer's padding side). Every transcript ends with EOS (as TRL's
+        RewardTrainer appends it to plain text): the head reads a summary position that attends over the whole
+        transcript rather than the last response token."""
+        from trl.trainer.utils import pad
+
+        rows = [torch.tensor(self.token_ids(t), dtype=torch.long) for t in texts]
+        side = self.tokenizer.padding_side
+        ids = pad(rows, self.tokenizer.pad_token_id, padding_side=side)
+        mask = pad([torch.ones_like(r) for r in rows], 0, padding_side=side)
         return {"input_ids": ids, "attention_mask": mask}
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -118,37 +145,69 @@ class JointRewardModel(nn.Module):
         self,
         pairs: Sequence,
         learning_rate: float = 1e-5,
-        num_epochs: int = 1,
+        num_epochs: float = 1,
         batch_size: int = 4,
         freeze_backbone: bool = False,
         seed: int = 0,
-    ) -> list[float]:
-        """Bradley-Terry fit on preference pairs (objects with `prompts`, `winner_completions`,
-        `loser_completions`). Returns the loss of every step; the model is left in eval mode, frozen."""
-        params = self._trainable(freeze_backbone)
-        opt = torch.optim.AdamW(params, lr=learning_rate)
-        order = list(range(len(pairs)))
-        rng = random.Random(seed)
-        losses: list[float] = []
-        self.train()
-        for _ in range(max(1, math.ceil(num_epochs))):
-            rng.shuffle(order)
-            for start in range(0, len(order), batch_size):
-                chunk = [pairs[k] for k in order[start : start + batch_size]]
-                texts = [joint_text(p.prompts, p.winner_completions) for p in chunk] + [
-                    joint_text(p.prompts, p.loser_completions) for p in chunk
-                ]
-                scores = self(**self.encode(texts))
-                chosen, rejected = scores.chunk(2)
-                loss = bradley_terry_loss(chosen, rejected)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
+        output_dir: str = "reward_model_fit",
+        **reward_config: Any,
+    ) -> dict[str, Any]:
+        """Fit on preference pairs (objects with `prompts`, `winner_completions`, `loser_completions`) with TRL's
+        `RewardTrainer`; `reward_config` holds any further `RewardConfig` fields (`center_rewards_coefficient`,
+        `gradient_accumulation_steps`, `bf16`, `ddp_backend`, ...). Every process passes the same pairs; the reward
+        trainer shards them over the processes of the outer accelerate state.
+
+        Returns `{"losses": per-step training losses, "train_loss", and TRL's evaluation metrics on the pairs:
+        "accuracy", "margin", "loss"}`. The model is left in eval mode, frozen; the global RNG state is restored
+        (the fit does not shift the outer run's random streams)."""
+        from transformers import PrinterCallback
+
+        from .trl_pieces import RewardConfig, RewardTrainer
+
+        self._trainable(freeze_backbone)
+        dataset = reward_dataset(pairs, self)
+        config = dict(
+            output_dir=output_dir,
+            learning_rate=learning_rate,
+            num_train_epochs=num_epochs,
+            per_device_train_batch_size=batch_size,
+            per_device_eval_batch_size=batch_size,
+            lr_scheduler_type="constant",
+            seed=seed,
+            logging_steps=1,
+            save_strategy="no",
+            eval_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            gradient_checkpointing=False,
+            max_length=None,
+            use_cpu=not torch.cuda.is_available(),
+            bf16=False,
+        )
+        config.update(reward_config)
+        with _rng_preserved():
+            trainer = RewardTrainer(
+                model=self.model, args=RewardConfig(**config), train_dataset=dataset, processing_class=self.tokenizer
+            )
+            trainer.remove_callback(PrinterCallback)
+            out = trainer.train()
+            metrics = trainer.evaluate(dataset)
+            losses = [h["loss"] for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]
+            # one engine at a time: release the reward trainer's optimizer, scheduler and wrapped model
+            trainer.accelerator.free_memory()
+            trainer.optimizer = trainer.lr_scheduler = trainer.model_wrapped = None
+            del trainer
+            gc.collect()
         self.eval()
         for p in self.parameters():
             p.requires_grad_(False)
-        return losses
+        return {
+            "losses": losses,
+            "train_loss": out.training_loss,
+            "accuracy": metrics["eval_accuracy"],
+            "margin": metrics["eval_margin"],
+            "loss": metrics["eval_loss"],
+        }
 
     def _trainable(self, freeze_backbone: bool) -> list[nn.Parameter]:
         for p in self.model.parameters():
@@ -164,3 +223,27 @@ class JointRewardModel(nn.Module):
     def save_pretrained(self, path: str) -> None:
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+
+def reward_dataset(pairs: Sequence, rm: JointRewardModel):
+    """The joint preference dataset, pre-tokenized the way `rm` scores (TRL's `chosen_ids` / `rejected_ids`
+    columns, which `RewardTrainer` uses as they are): fit and scoring read exactly the same tokens."""
+    from datasets import Dataset
+
+    chosen = [rm.token_ids(joint_text(p.prompts, p.winner_completions)) for p in pairs]
+    rejected = [rm.token_ids(joint_text(p.prompts, p.loser_completions)) for p in pairs]
+    return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected})
+
+
+@contextlib.contextmanager
+def _rng_preserved():
+    """Run a block (a Trainer that calls `set_seed`) without moving the global torch / random / numpy streams."""
+    import numpy as np
+
+    states = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
