@@ -34,8 +34,13 @@ def items():
 def build(family: str, output_dir: str, tiny: str, callbacks=None):
     """The trainer of `family`: 2 agents, a linear (non-constant) learning-rate schedule, a checkpoint every step
     (every round for the iterative trainers), steps that take more than one slice of each rollout."""
+    from transformers import set_seed
+
     import trl_marl as tm
 
+    # value heads and reward-model heads are initialised when the trainer is built (before Trainer seeds anything):
+    # as transformers says of randomly initialised parts, seed before building
+    set_seed(3)
     common = dict(
         output_dir=output_dir,
         num_agents=2,
