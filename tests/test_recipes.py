@@ -135,3 +135,15 @@ def test_madpo_and_marlhf_recipes(tmp_path, tiny_path):
 def test_recipe_rejects_bad_choices(tmp_path, bad):
     with pytest.raises(SystemExit):
         load_recipe("magrpo").main(["--output_dir", str(tmp_path), *bad])
+
+
+def test_recipe_honours_resume_from_checkpoint(tmp_path, tiny_path):
+    recipe = load_recipe("magrpo")
+    common = ["--output_dir", str(tmp_path / "run"), "--eval_num_samples", "2", "--disable_tqdm", "true"]
+    common += ["--save_strategy", "steps", "--save_steps", "1"]
+    first = recipe.main([*common, "--max_steps", "2"])
+    assert first.state.global_step == 2
+    resumed = recipe.main([*common, "--max_steps", "3", "--resume_from_checkpoint", "true"])
+    assert resumed._restored_from == str(tmp_path / "run" / "checkpoint-2")
+    assert resumed.state.global_step == 3
+    assert resumed.before_reward is None  # no evaluation "before training" of a resumed run

@@ -17,6 +17,7 @@ __all__ = [
     "CriticRecipeArguments",
     "critic_source",
     "parse_recipe_args",
+    "resume_argument",
     "run_recipe",
     "explicit_flags",
     "TINY_DEFAULTS",
@@ -87,6 +88,19 @@ def critic_source(recipe_args: CriticRecipeArguments) -> str:
     from .testing import tiny_model_path
 
     return tiny_model_path(seed=recipe_args.tiny_seed)
+
+
+def resume_argument(value: str | bool | None) -> str | bool | None:
+    """`--resume_from_checkpoint` as `Trainer.train` takes it: `true` / `latest` mean the latest complete checkpoint
+    of `output_dir` (True), `false` or empty means a fresh start (None), anything else is a checkpoint folder."""
+    if value is None or isinstance(value, bool):
+        return value or None
+    text = str(value).strip()
+    if text.lower() in ("true", "latest", "last", "yes", "1"):
+        return True
+    if text.lower() in ("", "false", "no", "none", "0"):
+        return None
+    return text
 
 
 def parse_recipe_args(
@@ -178,13 +192,15 @@ def run_recipe(
         kwargs.update(extra_trainer_kwargs(task))
     trainer = trainer_cls(**kwargs)
     main = trainer.accelerator.is_main_process
-    before = trainer.evaluate_reward()["eval_reward"] if task.eval_dataset is not None else None
+    resume = resume_argument(config.resume_from_checkpoint)
+    before = trainer.evaluate_reward()["eval_reward"] if task.eval_dataset is not None and not resume else None
     if main and before is not None:
         print(f"[trl_marl] task={task.name} eval reward before training: {before:.4f}")
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     after = trainer.evaluate_reward()["eval_reward"] if task.eval_dataset is not None else None
     if main and after is not None:
-        print(f"[trl_marl] task={task.name} eval reward after training:  {after:.4f} (before: {before:.4f})")
+        since = f"before: {before:.4f}" if before is not None else "resumed run"
+        print(f"[trl_marl] task={task.name} eval reward after training:  {after:.4f} ({since})")
     trainer.save_model(config.output_dir)
     if main:
         print(f"[trl_marl] saved {config.num_agents} agents to {config.output_dir}")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from torch.utils.data import DataLoader, Sampler
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel, TrainerCallback
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
@@ -34,6 +34,13 @@ from trl.trainer.utils import disable_dropout_in_model
 from ..adapters import AdapterDisabled, build_shared_base, mixed_adapter_generate, wrap_agents_with_peft
 from ..algorithms.logprobs import completion_mask
 from ..algorithms.losses import k3_kl
+from ..checkpoint import (
+    PREEMPTED_EXIT_CODE,
+    PreemptionHandler,
+    load_resume_state,
+    resolve_resume_checkpoint,
+    save_checkpoint_atomically,
+)
 from ..hub import (
     agent_role,
     init_trainer_repos,
@@ -278,6 +285,9 @@ class MultiAgentTrainer(_BaseTrainer):
         self._step = 0
         self.env_step = 0  # joint-action reward evaluations on this process
         self._last_eval_reward: float | None = None
+        self._preemption = PreemptionHandler()
+        self._restored_from: str | None = None
+        self.add_callback(_PreemptionCallback(self))
 
     def _render(self, i: int, formatted) -> PromptText:
         text = render_prompt(formatted, self.tokenizers[i])
@@ -802,6 +812,79 @@ class MultiAgentTrainer(_BaseTrainer):
         self._last_eval_reward = out[f"{metric_key_prefix}_reward"]
         return out
 
+    # ------------------------------------------------------------------ checkpoints, resume, preemption
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """`Trainer.train`, plus: `resume_from_checkpoint=True` resumes from the latest COMPLETE checkpoint (an
+        incomplete one is skipped with a warning naming it), the step inside the rollout, the buffered rollout,
+        `env_step` and every random stream are restored (exact resume), and SIGTERM / SIGUSR1 finish the current
+        optimizer step, write a checkpoint and exit with status `PREEMPTED_EXIT_CODE` (75)."""
+        checkpoint = self._restore_for_resume(resume_from_checkpoint)
+        self._preemption.install()
+        try:
+            out = super().train(checkpoint, *args, **kwargs)
+        finally:
+            self._preemption.uninstall()
+        if self._preemption.requested:
+            self._exit_preempted()
+        return out
+
+    def _exit_preempted(self) -> None:
+        msg = (
+            f"{type(self).__name__}: stopped by {self._preemption.signal_name} at step {self.state.global_step}; "
+            f"checkpoint saved in {self.args.output_dir}; resume with resume_from_checkpoint=True"
+        )
+        logger.warning(msg)
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    def _restore_for_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
+        """Resolve the checkpoint (see `trl_marl.checkpoint.resolve_resume_checkpoint`) and restore this process's
+        resume state from it, once."""
+        checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        if checkpoint is None or checkpoint == self._restored_from:
+            return checkpoint
+        state = load_resume_state(checkpoint, self.accelerator.process_index)
+        self._step = int(state["step"])
+        self.env_step = int(state["env_step"])
+        self._buffered = state["buffered"]
+        self._last_eval_reward = state.get("last_eval_reward")
+        for mode, metrics in state.get("metrics", {}).items():
+            self._metrics[mode] = defaultdict(list, metrics)
+        streams = getattr(self, "rng_streams", None)
+        if streams is not None and state.get("rng_streams") is not None:
+            streams.load_state_dict(state["rng_streams"])
+        self._restore_extra_state(checkpoint, state.get("extra", {}))
+        self._restored_from = checkpoint
+        return checkpoint
+
+    def _resume_state(self) -> dict:
+        """What this process needs to continue exactly (saved in every checkpoint as `trl_marl_state_rank{r}.pt`;
+        the global torch / numpy / python random states are transformers' `rng_state*.pth`)."""
+        streams = getattr(self, "rng_streams", None)
+        return {
+            "step": self._step,
+            "env_step": self.env_step,
+            "buffered": self._buffered,
+            "last_eval_reward": self._last_eval_reward,
+            "metrics": {mode: dict(m) for mode, m in self._metrics.items()},
+            "rng_streams": streams.state_dict() if streams is not None else None,
+            "extra": self._extra_resume_state(),
+        }
+
+    def _extra_resume_state(self) -> dict:
+        """Subclass state beyond `_resume_state` (collected pairs, ...); nothing here."""
+        return {}
+
+    def _restore_extra_state(self, checkpoint: str, extra: dict) -> None:
+        """Restore what `_extra_resume_state` saved; nothing here."""
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """Crash-safe checkpoint: staging folder, fsync, completion marker, rename, then rotation
+        (`trl_marl.checkpoint.save_checkpoint_atomically`)."""
+        save_checkpoint_atomically(self, trial)
+
+    def _save_checkpoint_extra(self, folder: str) -> None:
+        """Write more files into a checkpoint's staging folder before it is committed; nothing here."""
+
     # ------------------------------------------------------------------ saving
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """Write `agent_1/ ... agent_n/` (each a `save_pretrained` folder with its tokenizer and model card),
@@ -887,6 +970,19 @@ class MultiAgentTrainer(_BaseTrainer):
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """Push a saved checkpoint's team by `hub_strategy` (see `trl_marl.hub.push_trainer_checkpoint`)."""
         push_trainer_checkpoint(self, checkpoint_folder)
+
+
+class _PreemptionCallback(TrainerCallback):
+    """After a preemption signal: save a checkpoint at the end of the current optimizer step, then stop."""
+
+    def __init__(self, trainer: MultiAgentTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.trainer._preemption.requested:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
 
 
 def _decay_groups(

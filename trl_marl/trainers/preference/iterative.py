@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ...plugins.comparators_protocol import check_comparator_output
 from ...plugins.registry import COMPARATOR_GROUP, load_plugin
@@ -283,14 +282,23 @@ class _RoundLoader:
 
     def __iter__(self):
         t = self.trainer
-        while t.completed_rounds < t.args.num_iterations:
-            nu = t.completed_rounds + 1
-            batches = t._start_round(nu)
-            t.completed_rounds = nu
-            for j, batch in enumerate(batches):
+        resumed = t._resume_round  # a round interrupted by preemption: its remaining batches first
+        t._resume_round = None
+        while resumed is not None or t.completed_rounds < t.args.num_iterations:
+            if resumed is not None:
+                batches, start = resumed["batches"], resumed["next"]
+                resumed = None
+            else:
+                nu = t.completed_rounds + 1
+                batches, start = t._start_round(nu), 0
+                t.completed_rounds = nu
+            t._round_batches_now = batches
+            for j in range(start, len(batches)):
+                t._round_next = j + 1
                 t._last_batch_of_round = j == len(batches) - 1
-                yield batch
+                yield batches[j]
             t._last_batch_of_round = False
+            t._round_batches_now, t._round_next = None, 0
         t._rounds_done = True
 
 
@@ -303,8 +311,9 @@ class _RoundCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         t = self.trainer
         at_end = t._last_batch_of_round
-        control.should_save = bool(at_end and args.save_strategy != "no")
-        if at_end and t.completed_rounds >= t.args.num_iterations:
+        preempted = t._preemption.requested  # a preemption checkpoint may fall inside a round
+        control.should_save = bool(at_end and args.save_strategy != "no") or preempted
+        if (at_end and t.completed_rounds >= t.args.num_iterations) or preempted:
             control.should_training_stop = True
         return control
 
@@ -343,6 +352,9 @@ class IterativeMixin:
         self._last_batch_of_round = False
         self._rounds_done = False
         self._current_pairs: dict[int, PreferencePair] = {}
+        self._round_batches_now: list | None = None  # the batches of the round in progress, and the next index
+        self._round_next = 0
+        self._resume_round: dict | None = None
         self.add_callback(_RoundCallback(self))
 
     # ---- the rounds ----
@@ -543,6 +555,7 @@ class IterativeMixin:
         return _RoundLoader(self, self._steps_upper_bound() * self.args.gradient_accumulation_steps)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
+        resume_from_checkpoint = self._restore_for_resume(resume_from_checkpoint)
         if resume_from_checkpoint:
             self.load_iterative_state(resume_from_checkpoint)
             self.args.ignore_data_skip = True  # the round loader resumes at the next round by itself
@@ -561,11 +574,21 @@ class IterativeMixin:
             self.evaluate()
         return out
 
-    def _save_checkpoint(self, model, trial) -> None:
-        super()._save_checkpoint(model, trial)
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+    def _save_checkpoint_extra(self, folder: str) -> None:
+        super()._save_checkpoint_extra(folder)
         if self.args.should_save:
             self.save_iterative_state(folder)
+
+    def _extra_resume_state(self) -> dict:
+        extra = super()._extra_resume_state()
+        if self._round_batches_now is not None and self._round_next < len(self._round_batches_now):
+            # checkpoint inside a round (preemption): the rest of the round's batches
+            extra["round_in_progress"] = {"batches": self._round_batches_now, "next": self._round_next}
+        return extra
+
+    def _restore_extra_state(self, checkpoint: str, extra: dict) -> None:
+        super()._restore_extra_state(checkpoint, extra)
+        self._resume_round = extra.get("round_in_progress")
 
     def save_iterative_state(self, folder: str) -> None:
         """Round counter, replay index (with copies of its round files), policy history and comparator state."""

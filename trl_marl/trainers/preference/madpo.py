@@ -357,17 +357,26 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
     def _prepare_inputs(self, batch):
         return {"pairs": [self.pairs[i] for i in batch]}
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        resume_from_checkpoint = self._restore_for_resume(resume_from_checkpoint)  # restores the collected pairs
         if self.pairs is None:
             self.pairs = self.collect_preference_pairs()
         if not self.pairs:
             return self._end_without_pairs("there is nothing to learn from")
         if self.args.precompute_ref_log_probs:
             self.precompute_reference_logps(self.pairs)
-        out = super().train(*args, **kwargs)
+        out = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.eval_dataset is not None:
             self.evaluate()  # a true post-update reward, unlike turn_1/reward_mean
         return out
+
+    def _extra_resume_state(self) -> dict:
+        return {**super()._extra_resume_state(), "pairs": self.pairs}
+
+    def _restore_extra_state(self, checkpoint: str, extra: dict) -> None:
+        super()._restore_extra_state(checkpoint, extra)
+        if extra.get("pairs") is not None:
+            self.pairs = extra["pairs"]
 
     # ---- the loss ----
     def _agent_pair_batches(self, pairs: list[PreferencePair]):

@@ -253,14 +253,16 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         lo = rm.score([p.prompts for p in self.pairs], [p.loser_completions for p in self.pairs])
         return sum(a > b for a, b in zip(w, lo)) / len(w)
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        # resuming restores the collected pairs and the fitted reward model (no re-collection, no re-fit)
+        resume_from_checkpoint = self._restore_for_resume(resume_from_checkpoint)
         if self.reward_model is None:
             if self.pairs is None:
                 self.pairs = self.collect_preference_pairs()
             if not self.pairs:
                 return self._end_without_pairs("no reward model can be fitted")
             self.fit_reward_model()
-        out = super().train(*args, **kwargs)
+        out = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.eval_dataset is not None:
             self.evaluate()
         return out
@@ -269,6 +271,28 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         super()._save_extra(output_dir, state_dict)
         if self.reward_model is not None:
             self.reward_model.save_pretrained(os.path.join(output_dir, "reward_model"))
+
+    def _extra_resume_state(self) -> dict:
+        return {**super()._extra_resume_state(), "pairs": self.pairs, "reward_model": self.reward_model is not None}
+
+    def _restore_extra_state(self, checkpoint: str, extra: dict) -> None:
+        super()._restore_extra_state(checkpoint, extra)
+        if extra.get("pairs") is not None:
+            self.pairs = extra["pairs"]
+        if extra.get("reward_model"):
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            from ...checkpoint import CheckpointError
+
+            folder = os.path.join(checkpoint, "reward_model")
+            if not os.path.isfile(os.path.join(folder, "config.json")):
+                raise CheckpointError(
+                    f"{folder} is missing or has no config.json, but the checkpoint's state says a reward model was "
+                    f"fitted; delete {checkpoint} and resume from the checkpoint before it"
+                )
+            model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
+            rm = JointRewardModel(model, AutoTokenizer.from_pretrained(folder), self.args.reward_max_length)
+            self.reward_model = rm.to(self.args.reward_model_device or self.accelerator.device)
 
 
 class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):

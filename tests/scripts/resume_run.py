@@ -1,0 +1,104 @@
+"""Kill-and-resume harness of tests/test_resume.py: builds a small trainer of one family and trains it.
+
+Run as a script: `resume_run.py FAMILY OUTPUT_DIR TINY_MODEL [--kill-at K] [--signal-at K]`:
+  --kill-at K    SIGKILL this process at the end of optimizer step K (no polite stop, no checkpoint of step K);
+  --signal-at K  send this process SIGTERM at the end of step K (the preemption path).
+The test imports `build` to run the uninterrupted and the resumed runs in its own process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import torch
+
+os.environ.setdefault("CI", "1")
+torch.set_num_threads(1)
+
+FAMILIES = ("magrpo", "maac", "iac", "mappo", "madpo", "marlhf", "madpoiter", "marlhfiter")
+MAX_STEPS = {"magrpo": 6, "maac": 6, "iac": 6, "mappo": 6, "madpo": 6, "marlhf": 6}
+
+
+def reward(c1, c2):
+    return [float(sum(ch in "aeiou" for ch in a) - 0.5 * sum(ch in "aeiou" for ch in b)) for a, b in zip(c1, c2)]
+
+
+def items():
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": f"Write about topic {i}."} for i in range(8)])
+
+
+def build(family: str, output_dir: str, tiny: str, callbacks=None):
+    """The trainer of `family`: 2 agents, a linear (non-constant) learning-rate schedule, a checkpoint every step
+    (every round for the iterative trainers), steps that take more than one slice of each rollout."""
+    from transformers import set_seed
+
+    import trl_marl as tm
+
+    # value heads and reward-model heads are initialised when the trainer is built (before Trainer seeds anything):
+    # as transformers says of randomly initialised parts, seed before building
+    set_seed(3)
+    common = dict(
+        output_dir=output_dir,
+        num_agents=2,
+        num_generations=2,
+        max_new_tokens=5,
+        learning_rate=1e-3,
+        lr_scheduler_type="linear",
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        seed=3,
+    )
+    rl = dict(rollout_buffer_size=4, train_batch_size=2, max_steps=MAX_STEPS.get(family, -1))
+    kw = dict(agent_model=tiny, reward_func=reward, train_dataset=items(), callbacks=callbacks)
+    if family == "magrpo":
+        return tm.MAGRPOTrainer(args=tm.MAGRPOConfig(**common, **rl), **kw)
+    if family == "maac":
+        return tm.MAACTrainer(critic_model=tiny, args=tm.MAACConfig(**common, **rl), **kw)
+    if family == "iac":
+        return tm.IACTrainer(args=tm.IACConfig(**common, **rl), **kw)
+    if family == "mappo":
+        cfg = tm.MAPPOConfig(**common, **rl, ppo_epochs=1, value_normalization=True)
+        return tm.MAPPOTrainer(critic_model=tiny, args=cfg, **kw)
+    pref = dict(rollout_buffer_size=4, preference_num_candidates=2, train_batch_size=2)
+    if family == "madpo":
+        return tm.MADPOTrainer(args=tm.MADPOConfig(**common, **pref, max_steps=6), **kw)
+    if family == "marlhf":
+        cfg = tm.MARLHFConfig(**common, **pref, max_steps=6, reward_num_train_epochs=1)
+        cfg.rollout_buffer_size, cfg.train_batch_size = 4, 2
+        return tm.MARLHFTrainer(args=cfg, **kw)
+    if family == "madpoiter":
+        return tm.MADPOIterTrainer(args=tm.MADPOIterConfig(**common, **pref, num_iterations=3), **kw)
+    if family == "marlhfiter":
+        cfg = tm.MARLHFIterConfig(**common, **pref, num_iterations=3, reward_num_train_epochs=1)
+        return tm.MARLHFIterTrainer(args=cfg, **kw)
+    raise ValueError(f"unknown family {family!r}; one of {FAMILIES}")
+
+
+def main() -> None:
+    from transformers import TrainerCallback
+
+    family, out, tiny = sys.argv[1:4]
+    rest = sys.argv[4:]
+    kill_at = int(rest[rest.index("--kill-at") + 1]) if "--kill-at" in rest else None
+    signal_at = int(rest[rest.index("--signal-at") + 1]) if "--signal-at" in rest else None
+
+    class Die(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if state.global_step == signal_at:
+                os.kill(os.getpid(), signal.SIGTERM)  # handled: the trainer finishes this step and checkpoints
+
+    trainer = build(family, out, tiny, callbacks=[Die()])
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""Crash-safe checkpoints, finding the checkpoint to resume from, and preemption (SIGTERM / SIGUSR1).
+
+A checkpoint is complete or invisible:
+
+1. everything is written into a staging folder `output_dir/.tmp-checkpoint-N` (invisible to transformers'
+   `get_last_checkpoint` and checkpoint rotation, whose pattern is `^checkpoint-N$`);
+2. every file is fsynced and `checkpoint_complete.json` (the file list with sizes) is written last;
+3. the staging folder is renamed to `checkpoint-N` (atomic on POSIX), and only then are older checkpoints rotated.
+
+`resume_from_checkpoint=True` resumes from the latest COMPLETE checkpoint; incomplete ones (a staging folder left by
+a crash, or a `checkpoint-N` without the marker) are skipped with one warning naming them.
+
+Fault injection for tests: `TRL_MARL_CRASH_AT_WRITE=k` SIGKILLs the process at the k-th write point of the
+checkpoint routine (counted over the process's lifetime); `set_write_hook(fn)` calls `fn(name)` at every write point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+from collections.abc import Callable
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+__all__ = [
+    "COMPLETE_MARKER",
+    "PREEMPTED_EXIT_CODE",
+    "CheckpointError",
+    "checkpoint_status",
+    "commit_checkpoint",
+    "latest_complete_checkpoint",
+    "resolve_resume_checkpoint",
+    "set_write_hook",
+    "staging_folder",
+    "write_point",
+]
+
+logger = logging.getLogger(__name__)
+
+COMPLETE_MARKER = "checkpoint_complete.json"
+STAGING_PREFIX = ".tmp-"
+CRASH_ENV = "TRL_MARL_CRASH_AT_WRITE"
+# EX_TEMPFAIL (sysexits.h): "a temporary failure; the user is invited to retry" -- what a preempted run is.
+PREEMPTED_EXIT_CODE = 75
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+_CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+_STAGING_RE = re.compile(rf"^{re.escape(STAGING_PREFIX)}{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+
+_write_count = 0
+_write_hook: Callable[[str], None] | None = None
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from (incomplete, missing, or with a corrupted file)."""
+
+
+def set_write_hook(hook: Callable[[str], None] | None) -> None:
+    """Call `hook(name)` at every write point of the checkpoint routine (tests inject failures with it)."""
+    global _write_hook
+    _write_hook = hook
+
+
+def write_point(name: str) -> None:
+    """Mark a write point: the fault-injection hooks (see the module docstring) may kill the process here."""
+    global _write_count
+    _write_count += 1
+    if _write_hook is not None:
+        _write_hook(name)
+    crash_at = os.environ.get(CRASH_ENV)
+    if crash_at and int(crash_at) == _write_count:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def staging_folder(final: str) -> str:
+    """The staging folder of checkpoint folder `final` (same parent, so the rename is atomic)."""
+    parent, name = os.path.split(os.path.normpath(final))
+    return os.path.join(parent, STAGING_PREFIX + name)
+
+
+def _fsync_tree(folder: str) -> list[dict]:
+    """fsync every file (and folder) under `folder`; return the file list with sizes."""
+    files = []
+    for root, _dirs, names in os.walk(folder):
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            files.append({"path": os.path.relpath(path, folder), "size": os.path.getsize(path)})
+        _fsync_dir(root)
+    return sorted(files, key=lambda f: f["path"])
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on folders
+        pass
+    finally:
+        os.close(fd)
+
+
+def commit_checkpoint(staging: str, final: str, step: int) -> None:
+    """Make the checkpoint in `staging` visible as `final`: fsync its files, write the completion marker, fsync,
+    rename. A `final` left from an earlier run (same step) is moved aside and removed after the rename."""
+    files = _fsync_tree(staging)
+    write_point("fsync")
+    marker = os.path.join(staging, COMPLETE_MARKER)
+    with open(marker, "w", encoding="utf-8") as f:
+        json.dump({"global_step": step, "files": files}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(staging)
+    write_point("marker")
+    old = None
+    if os.path.exists(final):
+        old = staging_folder(final) + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(staging, final)
+    _fsync_dir(os.path.dirname(os.path.abspath(final)))
+    write_point("rename")
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def checkpoint_status(folder: str) -> str | None:
+    """None when `folder` is a complete checkpoint, else what is wrong with it (one phrase)."""
+    if not os.path.isdir(folder):
+        return "the folder does not exist"
+    if _STAGING_RE.match(os.path.basename(os.path.normpath(folder))):
+        return "it is a staging folder: the process died while writing it"
+    marker = os.path.join(folder, COMPLETE_MARKER)
+    if not os.path.isfile(marker):
+        return f"it has no {COMPLETE_MARKER}: the process died while writing it"
+    try:
+        with open(marker, encoding="utf-8") as f:
+            files = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"its {COMPLETE_MARKER} is unreadable ({exc})"
+    for entry in files:
+        path = os.path.join(folder, entry["path"])
+        if not os.path.isfile(path):
+            return f"{entry['path']} is missing"
+        if os.path.getsize(path) != entry["size"]:
+            return f"{entry['path']} has {os.path.getsize(path)} bytes, {entry['size']} were written"
+    return None
+
+
+def _step_of(name: str) -> int | None:
+    m = _CHECKPOINT_RE.match(name) or _STAGING_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def latest_complete_checkpoint(output_dir: str, warn: bool = True) -> str | None:
+    """The complete checkpoint of `output_dir` with the highest step, or None. With `warn`, ONE warning names every
+    incomplete checkpoint skipped (staging folders, `checkpoint-N` without the completion marker)."""
+    if not os.path.isdir(output_dir):
+        return None
+    found = []
+    for name in os.listdir(output_dir):
+        step = _step_of(name)
+        if step is not None and os.path.isdir(os.path.join(output_dir, name)):
+            found.append((step, name))
+    skipped = []
+    best = None
+    for _step, name in sorted(found, reverse=True):
+        path = os.path.join(output_dir, name)
+        problem = checkpoint_status(path)
+        if problem is None:
+            if best is None:
+                best = path
+        elif best is None or _CHECKPOINT_RE.match(name):
+            skipped.append(f"{path} ({problem})")
+    if skipped and warn:
+        logger.warning(
+            "skipping incomplete checkpoint(s): %s; resuming from %s",
+            "; ".join(skipped),
+            best or "nothing (no complete checkpoint)",
+        )
+    return best
+
+
+def resolve_resume_checkpoint(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:
+    """The checkpoint folder to resume from: `True` means the latest complete one in `output_dir` (an error when
+    there is none); a path must be a complete checkpoint (an error naming it and the latest complete one if not)."""
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    if resume_from_checkpoint is True:
+        path = latest_complete_checkpoint(output_dir)
+        if path is None:
+            raise CheckpointError(
+                f"resume_from_checkpoint=True but {output_dir} holds no complete checkpoint "
+                f"({PREFIX_CHECKPOINT_DIR}-N with {COMPLETE_MARKER}); start without resume_from_checkpoint"
+            )
+        return path
+    path = os.fspath(resume_from_checkpoint)
+    problem = checkpoint_status(path)
+    if problem is not None:
+        latest = latest_complete_checkpoint(os.path.dirname(os.path.normpath(path)) or ".", warn=False)
+        hint = f"resume from {latest} (the latest complete one)" if latest else "start without resume_from_checkpoint"
+        raise CheckpointError(f"cannot resume from {path}: {problem}; delete it and {hint}")
+    return path
+
+
+class PreemptionHandler:
+    """Turns SIGTERM / SIGUSR1 into a flag the trainer reads at the end of each optimizer step (installed for the
+    duration of `train()`; the previous handlers are restored afterwards)."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+        logger.warning(
+            "received %s: finishing the current optimizer step, then saving a checkpoint and exiting with status %d",
+            self.signal_name,
+            PREEMPTED_EXIT_CODE,
+        )
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def install(self) -> None:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for name in PREEMPTION_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+# ----------------------------------------------------------------------------------------------- the trainer side
+RESUME_STATE_FILE = "trl_marl_state_rank{rank}.pt"
+
+
+def save_checkpoint_atomically(trainer, trial=None) -> str:
+    """`transformers.Trainer._save_checkpoint`, made crash-safe (see the module docstring).
+
+    Reuses the Trainer's own pieces (`save_model`, `_save_optimizer_and_scheduler`, `_save_scaler`,
+    `_save_rng_state`, `TrainerState.save_to_json`, `rotate_checkpoints`) in the same order, into the staging folder;
+    adds each process's resume state (`trainer._resume_state()`) and the trainer's `_save_checkpoint_extra(folder)`;
+    commits (fsync, marker, rename); only then pushes and rotates. Returns the final folder.
+    """
+    from transformers.trainer_callback import ExportableState
+    from transformers.trainer_utils import rotate_checkpoints
+
+    args, state = trainer.args, trainer.state
+    run_dir = trainer._get_output_dir(trial=trial)
+    final = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+    staging = staging_folder(final)
+    if args.should_save and os.path.exists(staging):
+        shutil.rmtree(staging)  # left by a crash at this very step
+    trainer.accelerator.wait_for_everyone()
+    if trainer.hp_search_backend is None and trial is None:
+        trainer.store_flos()
+    trainer.save_model(staging, _internal_call=True)
+    write_point("model")
+    if not args.save_only_model:
+        trainer._save_optimizer_and_scheduler(staging)
+        trainer._save_scaler(staging)
+        write_point("optimizer")
+        trainer._save_rng_state(staging)
+        write_point("rng")
+    os.makedirs(staging, exist_ok=True)
+    _atomic_torch_save(
+        trainer._resume_state(), os.path.join(staging, RESUME_STATE_FILE.format(rank=trainer.accelerator.process_index))
+    )
+    write_point("resume_state")
+    trainer._save_checkpoint_extra(staging)
+    if args.should_save:
+        for cb in [c for c in trainer.callback_handler.callbacks + [trainer.control] if isinstance(c, ExportableState)]:
+            name = cb.__class__.__name__
+            if isinstance(state.stateful_callbacks.get(name), list):
+                state.stateful_callbacks[name].append(cb.state())
+            else:
+                state.stateful_callbacks[name] = cb.state()
+        state.save_to_json(os.path.join(staging, "trainer_state.json"))
+        write_point("trainer_state")
+    trainer.accelerator.wait_for_everyone()
+    if args.should_save:
+        commit_checkpoint(staging, final, state.global_step)
+    trainer.accelerator.wait_for_everyone()
+    if state.best_global_step and os.path.exists(
+        os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+    ):
+        state.best_model_checkpoint = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+    if args.push_to_hub:
+        trainer._push_from_checkpoint(final)
+    if args.should_save:
+        rotate_checkpoints(
+            output_dir=run_dir,
+            save_total_limit=args.save_total_limit,
+            best_model_checkpoint=state.best_model_checkpoint,
+            use_mtime=True,
+        )
+        write_point("rotate")
+    return final
+
+
+def _atomic_torch_save(obj, path: str) -> None:
+    import torch
+
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_resume_state(folder: str, rank: int) -> dict:
+    """This process's resume state from a checkpoint (a clear error naming the file when it is missing or
+    unreadable)."""
+    import torch
+
+    path = os.path.join(folder, RESUME_STATE_FILE.format(rank=rank))
+    if not os.path.isfile(path):
+        raise CheckpointError(
+            f"{folder} has no {os.path.basename(path)} (the state of process {rank}: step inside the rollout, "
+            "buffered rollout, env_step, random streams): it was written by an older trl_marl or by a run with "
+            "fewer processes; resume with the same number of processes from a checkpoint of this version"
+        )
+    try:
+        # our own file (a rollout buffer of dataclasses): the trust level of the checkpoint's optimizer.pt
+        return torch.load(path, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 -- any unpickling failure means the file is damaged
+        raise CheckpointError(
+            f"{path} is unreadable ({type(exc).__name__}: {exc}); delete {folder} and resume from the checkpoint "
+            "before it"
+        ) from exc
