@@ -72,6 +72,12 @@ class TeamModel(nn.Module):
         self.config._name_or_path = names[0] if len(set(names)) == 1 else ""
         # Trainer checks this attribute when deciding whether to pass `num_items_in_batch`.
         self.accepts_loss_kwargs = False
+        # The sampling temperature the completions were drawn at: every log-prob of a sampled completion is taken on
+        # logits / temperature (as TRL's GRPOTrainer does), so the gradient is that of the policy that sampled.
+        self.temperature = 1.0
+        # Per agent, the masked mean token entropy (nats, on logits / temperature) of the last forward pass that ran
+        # with gradients (the loss's forward); None where an agent was skipped. Read by the trainer for logging.
+        self.last_entropy: list[float | None] | None = None
 
     @property
     def shared_base(self) -> bool:
@@ -136,10 +142,20 @@ class TeamModel(nn.Module):
         """
         if len(agent_batches) != len(self.agents):
             raise ValueError(f"expected {len(self.agents)} agent batches, got {len(agent_batches)}")
-        return [
-            None if batch is None else agent_token_logprobs(agent, batch)
-            for agent, batch in zip(self.agents, agent_batches)
-        ]
+        record = torch.is_grad_enabled()
+        logps: list[torch.Tensor | None] = []
+        entropies: list[float | None] = []
+        for agent, batch in zip(self.agents, agent_batches):
+            if batch is None:
+                logps.append(None)
+                entropies.append(None)
+                continue
+            res = forward_completions(agent, batch, self.temperature, return_entropy=record)
+            logps.append(res[1])
+            entropies.append(masked_mean_entropy(res[2], batch.completion_mask) if record else None)
+        if record:
+            self.last_entropy = entropies
+        return logps
 
 
 @dataclass
@@ -190,10 +206,18 @@ def collate_agent_batch(
 
 
 def forward_completions(
-    model: nn.Module, batch: AgentBatch, temperature: float = 1.0, output_hidden_states: bool = False
-) -> tuple[Any, torch.Tensor]:
-    """One forward pass over `[prompt | completion]`: `(model output, completion-token log-probs (B, C))`.
+    model: nn.Module,
+    batch: AgentBatch,
+    temperature: float = 1.0,
+    output_hidden_states: bool = False,
+    return_entropy: bool = False,
+) -> tuple[Any, ...]:
+    """One forward pass over `[prompt | completion]`: `(model output, completion-token log-probs (B, C))`, plus the
+    `(B, C)` token entropies (detached) as a third element when `return_entropy`.
 
+    The log-probs are `log_softmax(logits / temperature)` at the completion tokens: pass the temperature the
+    completions were sampled at (TRL's GRPOTrainer divides by it too). The entropy is TRL's `entropy_from_logits`
+    of the same tempered logits, computed without gradient from the logits this forward already produced.
     Position ids follow the attention mask (as `generate` computes them for left-padded prompts), so the scores
     match what the policy sampled. Only the last `C + 1` positions' logits are materialised (`logits_to_keep`).
     """
@@ -209,14 +233,26 @@ def forward_completions(
         output_hidden_states=output_hidden_states,
     )
     logits = out.logits[:, :-1, :]  # prediction for each completion token
-    logp = token_logprobs(
-        logits.float() if logits.dtype != torch.float32 else logits, batch.completion_ids, temperature
-    )
-    return out, logp
+    logits = logits.float() if logits.dtype != torch.float32 else logits
+    logp = token_logprobs(logits, batch.completion_ids, temperature)
+    if not return_entropy:
+        return out, logp
+    from trl.trainer.utils import entropy_from_logits  # TRL's chunked entropy, as GRPOTrainer logs it
+
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits.detach() / temperature)
+    return out, logp, entropy
+
+
+def masked_mean_entropy(token_entropy: torch.Tensor, completion_mask: torch.Tensor) -> float:
+    """Mean of `(B, C)` token entropies over the scored completion tokens (`completion_mask` 1)."""
+    mask = completion_mask.to(token_entropy.device, token_entropy.dtype)
+    return float((token_entropy * mask).sum() / mask.sum().clamp(min=1.0))
 
 
 def agent_token_logprobs(model: nn.Module, batch: AgentBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Completion-token log-probs `(B, C)` from one forward pass over `[prompt | completion]` (`forward_completions`)."""
+    """Completion-token log-probs `(B, C)` of `log_softmax(logits / temperature)` from one forward pass over
+    `[prompt | completion]` (`forward_completions`)."""
     return forward_completions(model, batch, temperature)[1]
 
 

@@ -235,6 +235,7 @@ class MultiAgentTrainer(_BaseTrainer):
         self.tokenizers = load_tokenizers(tokenizer, names, n, sources)
         self.peft_config = peft_config
         team = self._build_team(models, names, args) if shared is None else TeamModel(models, names, shared=shared)
+        team.temperature = args.temperature  # log-probs of sampled completions are taken on logits / temperature
         if args.parallel_training == "mp":
             devices = args.agent_devices * n if len(args.agent_devices) == 1 else args.agent_devices
             for agent, dev in zip(team.agents, devices):
@@ -582,8 +583,9 @@ class MultiAgentTrainer(_BaseTrainer):
             batch = self.agent_batch(i, samples)
             from ..team import agent_token_logprobs
 
-            logp = agent_token_logprobs(team.agents[i], batch)
-            ref_logp = agent_token_logprobs(self.reference_models[i], batch).to(logp.device)
+            T = self.args.temperature  # both policies scored at the sampling temperature (as TRL's GRPO)
+            logp = agent_token_logprobs(team.agents[i], batch, T)
+            ref_logp = agent_token_logprobs(self.reference_models[i], batch, T).to(logp.device)
             kl = k3_kl(logp, ref_logp, batch.completion_mask.to(logp.device)).cpu()
             for s, v in zip(samples, kl.tolist()):
                 s.penalty = coef * v
@@ -593,7 +595,9 @@ class MultiAgentTrainer(_BaseTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         t0 = time.perf_counter()
         self._rollout_seconds = 0.0
+        self.team.last_entropy = None
         loss = super().training_step(model, inputs, num_items_in_batch)
+        self._record_entropy()
         self._step += 1
         self._timings["update"] += time.perf_counter() - t0 - self._rollout_seconds
         if self._step % self.args.gradient_accumulation_steps == 0 and self._will_log():
@@ -675,6 +679,20 @@ class MultiAgentTrainer(_BaseTrainer):
             for rec in rollout.records():
                 rec = {"step": self.state.global_step, "env_step": self.env_step, **rec}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    def _record_entropy(self) -> None:
+        """`agent_{i}/entropy` and their mean `entropy`: the token entropy of the sampled completions (TRL's
+        `entropy_from_logits` on logits / temperature), read from the loss's own forward pass (`TeamModel.forward`
+        keeps it), so no extra forward runs."""
+        entropies = getattr(self.team, "last_entropy", None)
+        if not entropies:
+            return
+        m = self._metrics["train"]
+        seen = [(i, e) for i, e in enumerate(entropies) if e is not None]
+        for i, e in seen:
+            m[f"agent_{i + 1}/entropy"].append(e)
+        if seen:
+            m["entropy"].append(sum(e for _, e in seen) / len(seen))
 
     def _will_log(self) -> bool:
         """Whether the optimizer step about to happen is a logging step (per-agent grad norms are only computed
