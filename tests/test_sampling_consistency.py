@@ -100,3 +100,75 @@ def test_entropy_is_logged_per_agent_from_the_loss_forward(make_args, items, tin
         want = float((ent * mask).sum() / mask.sum())
     assert t.team.last_entropy[0] == pytest.approx(want, rel=1e-5)
     assert t.team.last_entropy[1] is None
+
+
+# ---------------------------------------------------------------- EOS: score exactly the generated tokens
+@pytest.fixture
+def two_eos_trainer(make_args, items, tiny_path):
+    """A MAGRPO trainer whose agents end on `<|endoftext|>` (id 1) OR `<|im_end|>` (id 3); the tokenizer's own EOS is
+    `<|endoftext|>`, so the smallest id is NOT the one emitted below."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    ids = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    agents = []
+    for _ in range(2):
+        m = AutoModelForCausalLM.from_pretrained(tiny_path)
+        m.generation_config.eos_token_id = ids
+        agents.append(m)
+    args = make_args(max_new_tokens=5)
+    t = MAGRPOTrainer(agents=agents, tokenizer=tok, reward_func=length_reward, args=args, train_dataset=items)
+    assert t.eos_ids[0] == sorted(ids) and ids[1] > ids[0]
+    return t, ids
+
+
+def _force_token(model, token_id, sign=1.0):
+    """Every forward's logits favour (`sign=1`) or forbid (`sign=-1`) `token_id` (hook on the output)."""
+
+    def hook(module, inputs, out):
+        out.logits[..., token_id] = sign * 1e4
+        return out
+
+    return model.register_forward_hook(hook)
+
+
+def test_comparator_completion_keeps_the_emitted_eos_and_a_cut_completion_gets_none(two_eos_trainer, items):
+    from trl_marl.plugins.comparators import CurrentComparator
+
+    t, (eos_small, eos_large) = two_eos_trainer
+    comp = CurrentComparator(t.args)
+    # the policy emits the LARGER eos id right away
+    handles = [_force_token(a, eos_large) for a in t.team.agents]
+    joint = comp.generate([items[0]], [["p"], ["q"]], 2, t)
+    for h in handles:
+        h.remove()
+    for i in range(2):
+        ids = t.tokenize_completion(i, joint[0][0][i])
+        assert ids.tolist() == [eos_large]
+    # a completion cut at max_new_tokens: both EOS forbidden, nothing appended
+    handles = [_force_token(a, e, -1.0) for a in t.team.agents for e in (eos_small, eos_large)]
+    joint = comp.generate([items[0]], [["p"], ["q"]], 1, t)
+    for h in handles:
+        h.remove()
+    text = joint[0][0][0]
+    ids = t.tokenize_completion(0, text)
+    assert ids.numel() == t.args.max_new_tokens and not set(ids.tolist()) & {eos_small, eos_large}
+    assert ids.tolist() == text.token_ids.tolist()
+
+
+def test_text_completions_take_the_right_eos(two_eos_trainer, tiny_tokenizer):
+    from trl_marl.team import completion_token_ids
+
+    t, (eos_small, eos_large) = two_eos_trainer
+    body = tiny_tokenizer("the cat", add_special_tokens=False)["input_ids"]
+    # the record says which EOS it ended with
+    assert t.tokenize_completion(0, "the cat", "<|im_end|>").tolist() == [*body, eos_large]
+    # cut: no EOS
+    assert t.tokenize_completion(0, "the cat", None).tolist() == body
+    # a tokenizer whose own EOS is <|im_end|> (a chat model): unknown endings take that one, not the smallest id
+    tok = type(tiny_tokenizer).from_pretrained(t.tokenizers[0].name_or_path)
+    tok.eos_token = "<|im_end|>"
+    assert completion_token_ids(tok, "the cat", [eos_small, eos_large], 5).tolist() == [*body, eos_large]
+    # unknown ending of a text that fills max_new_tokens: taken as cut
+    long = completion_token_ids(tok, "the cat the dog the sun the moon", [eos_small, eos_large], 5)
+    assert long.numel() == 5 and long[-1].item() not in (eos_small, eos_large)

@@ -398,4 +398,82 @@ def eos_token_ids(model: PreTrainedModel, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN_EOS"
+
+
+UNKNOWN_EOS: Any = _Unknown()  # "how this completion ended is not known" (a plain text from a user or an API)
+
+
+class CompletionText(str):
+    """A completion's text that remembers how it was generated (a comparator's sample).
+
+    Attributes:
+        eos_token: the text of the EOS token the completion ended with, or None when it was cut at
+            `max_new_tokens` (no EOS).
+        token_ids: the exact generated ids (EOS included), valid for the tokenizer named by `tokenizer`; None
+            when unknown.
+        tokenizer: the tokenizer object `token_ids` belong to (ids are reused only for that very tokenizer).
+    """
+
+    eos_token: str | None = None
+    token_ids: torch.Tensor | None = None
+    tokenizer: Any = None
+
+    def __new__(cls, text: str, eos_token: str | None = None, token_ids=None, tokenizer: Any = None):
+        obj = super().__new__(cls, text)
+        obj.eos_token, obj.token_ids, obj.tokenizer = eos_token, token_ids, tokenizer
+        return obj
+
+
+def default_eos_token_id(tokenizer, eos_ids: Sequence[int]) -> int:
+    """The EOS id a finished completion is taken to end with when the id it emitted is unknown: the tokenizer's
+    `eos_token_id` (what its chat template closes a turn with) when it is one of the model's EOS ids, else the first
+    of them."""
+    tok = getattr(tokenizer, "eos_token_id", None)
+    if tok is not None and (not eos_ids or tok in eos_ids):
+        return int(tok)
+    if not eos_ids:
+        raise ValueError("the agent has no EOS token id (neither its tokenizer nor its generation config has one)")
+    return int(eos_ids[0])
+
+
+def completion_token_ids(
+    tokenizer, text: str, eos_ids: Sequence[int], max_new_tokens: int, eos_token: Any = UNKNOWN_EOS
+) -> torch.Tensor:
+    """The token ids to score for a completion given as text (a comparator's, or one re-read from a record).
+
+    - A `CompletionText` carrying the exact ids of THIS tokenizer: those ids, unchanged.
+    - `eos_token` a string (the EOS token the completion ended with): the text's ids, then that EOS's id when it is
+      one of `eos_ids`, else the default EOS (`default_eos_token_id`); cut so the whole fits `max_new_tokens`.
+    - `eos_token` None: the completion was cut at `max_new_tokens`; its ids, NO EOS appended.
+    - unknown (`UNKNOWN_EOS`, a plain text): a finished completion ending with the default EOS, unless its text
+      alone fills `max_new_tokens` (then it was cut: no EOS).
+    A `CompletionText`'s own `eos_token` is used when `eos_token` is not given.
+    """
+    if isinstance(text, CompletionText):
+        if text.token_ids is not None and text.tokenizer is tokenizer:
+            return torch.as_tensor(text.token_ids, dtype=torch.long).clone()
+        if eos_token is UNKNOWN_EOS:
+            eos_token = text.eos_token
+    ids = tokenizer(str(text), add_special_tokens=False)["input_ids"]
+    if eos_token is UNKNOWN_EOS:
+        eos_token = None if len(ids) >= max_new_tokens else ""
+    if eos_token is None:
+        return torch.tensor(ids[:max_new_tokens], dtype=torch.long)
+    eos_id = tokenizer.convert_tokens_to_ids(eos_token) if eos_token else None
+    if eos_id is None or eos_id not in eos_ids:
+        eos_id = default_eos_token_id(tokenizer, eos_ids)
+    return torch.tensor([*ids[: max_new_tokens - 1], eos_id], dtype=torch.long)
+
+
+def ended_with_eos(tokenizer, completion_ids: torch.Tensor, eos_ids: Sequence[int]) -> str | None:
+    """The text of the EOS token a generated completion ended with, or None when it has none (cut)."""
+    if completion_ids.numel() and int(completion_ids[-1]) in eos_ids:
+        return tokenizer.convert_ids_to_tokens(int(completion_ids[-1]))
+    return None
+
+
 __all__ += ["completion_mask", "agent_token_logprobs", "default_formatter"]
+__all__ += ["CompletionText", "completion_token_ids", "default_eos_token_id", "ended_with_eos", "UNKNOWN_EOS"]

@@ -45,10 +45,13 @@ from ..hub import (
 from ..rewards import RewardFunction
 from ..rollout import GenerationOutput, JointRollout, Rollout
 from ..team import (
+    UNKNOWN_EOS,
     AgentBatch,
     PromptText,
     TeamModel,
     collate_agent_batch,
+    completion_token_ids,
+    ended_with_eos,
     eos_token_ids,
     load_agents,
     load_tokenizers,
@@ -557,13 +560,16 @@ class MultiAgentTrainer(_BaseTrainer):
             ids = ids[-self.args.max_prompt_length :]
         return torch.tensor(ids, dtype=torch.long)
 
-    def tokenize_completion(self, i: int, text: str) -> torch.Tensor:
-        """Token ids of a completion given as text (a comparator's, or one re-read from a round file): the text
-        without special tokens, then agent i's EOS (a finished answer), cut to `max_new_tokens`."""
-        ids = self.tokenizers[i](text, add_special_tokens=False)["input_ids"][: self.args.max_new_tokens - 1]
-        return torch.tensor(
-            [*ids, self.eos_ids[i][0] if self.eos_ids[i] else self.tokenizers[i].eos_token_id], dtype=torch.long
-        )
+    def tokenize_completion(self, i: int, text: str, eos_token: Any = UNKNOWN_EOS) -> torch.Tensor:
+        """Token ids of a completion given as text (a comparator's, or one re-read from a round file), as agent i
+        scores it: exactly the generated ids for a comparator sample of agent i's tokenizer, else the text's ids plus
+        the EOS it ended with (`eos_token`, or a `CompletionText`'s own), none when it was cut at `max_new_tokens`
+        (see `trl_marl.team.completion_token_ids`)."""
+        return completion_token_ids(self.tokenizers[i], text, self.eos_ids[i], self.args.max_new_tokens, eos_token)
+
+    def completion_eos_token(self, i: int, completion_ids: torch.Tensor) -> str | None:
+        """The text of the EOS token agent i's generated `completion_ids` ended with; None when cut (no EOS)."""
+        return ended_with_eos(self.tokenizers[i], completion_ids, self.eos_ids[i])
 
     # ------------------------------------------------------------------ scoring
     def agent_batch(self, i: int, samples: Sequence) -> AgentBatch:

@@ -165,7 +165,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
         )
         self.reward_model = reward_model
-        self.pairs = preference_pairs
+        self.pairs = self._accept_pairs(preference_pairs)
         # RL rollouts score with the learned reward; `rollout_engine` keeps the task reward (pairs, evaluation)
         self.train_rollout_engine = copy.copy(self.rollout_engine)
         self.train_rollout_engine.reward = RewardFunction(self._learned_reward, self.num_agents)
