@@ -145,6 +145,8 @@ def test_madpo_iter_rounds_files_and_records(tmp_path, small_items, tiny_path):
         "raw_rewards",
         "target_raw_reward",
         "comparator_raw_reward",
+        "winner_eos",
+        "loser_eos",
     }
     assert rec["raw_rewards"][0] == rec["winner_reward"] and {
         rec["target_raw_reward"],

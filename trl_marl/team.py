@@ -72,6 +72,12 @@ class TeamModel(nn.Module):
         self.config._name_or_path = names[0] if len(set(names)) == 1 else ""
         # Trainer checks this attribute when deciding whether to pass `num_items_in_batch`.
         self.accepts_loss_kwargs = False
+        # The sampling temperature the completions were drawn at: every log-prob of a sampled completion is taken on
+        # logits / temperature (as TRL's GRPOTrainer does), so the gradient is that of the policy that sampled.
+        self.temperature = 1.0
+        # Per agent, the masked mean token entropy (nats, on logits / temperature) of the last forward pass that ran
+        # with gradients (the loss's forward); None where an agent was skipped. Read by the trainer for logging.
+        self.last_entropy: list[float | None] | None = None
 
     @property
     def shared_base(self) -> bool:
@@ -136,10 +142,20 @@ class TeamModel(nn.Module):
         """
         if len(agent_batches) != len(self.agents):
             raise ValueError(f"expected {len(self.agents)} agent batches, got {len(agent_batches)}")
-        return [
-            None if batch is None else agent_token_logprobs(agent, batch)
-            for agent, batch in zip(self.agents, agent_batches)
-        ]
+        record = torch.is_grad_enabled()
+        logps: list[torch.Tensor | None] = []
+        entropies: list[float | None] = []
+        for agent, batch in zip(self.agents, agent_batches):
+            if batch is None:
+                logps.append(None)
+                entropies.append(None)
+                continue
+            res = forward_completions(agent, batch, self.temperature, return_entropy=record)
+            logps.append(res[1])
+            entropies.append(masked_mean_entropy(res[2], batch.completion_mask) if record else None)
+        if record:
+            self.last_entropy = entropies
+        return logps
 
 
 @dataclass
@@ -190,10 +206,18 @@ def collate_agent_batch(
 
 
 def forward_completions(
-    model: nn.Module, batch: AgentBatch, temperature: float = 1.0, output_hidden_states: bool = False
-) -> tuple[Any, torch.Tensor]:
-    """One forward pass over `[prompt | completion]`: `(model output, completion-token log-probs (B, C))`.
+    model: nn.Module,
+    batch: AgentBatch,
+    temperature: float = 1.0,
+    output_hidden_states: bool = False,
+    return_entropy: bool = False,
+) -> tuple[Any, ...]:
+    """One forward pass over `[prompt | completion]`: `(model output, completion-token log-probs (B, C))`, plus the
+    `(B, C)` token entropies (detached) as a third element when `return_entropy`.
 
+    The log-probs are `log_softmax(logits / temperature)` at the completion tokens: pass the temperature the
+    completions were sampled at (TRL's GRPOTrainer divides by it too). The entropy is TRL's `entropy_from_logits`
+    of the same tempered logits, computed without gradient from the logits this forward already produced.
     Position ids follow the attention mask (as `generate` computes them for left-padded prompts), so the scores
     match what the policy sampled. Only the last `C + 1` positions' logits are materialised (`logits_to_keep`).
     """
@@ -209,14 +233,26 @@ def forward_completions(
         output_hidden_states=output_hidden_states,
     )
     logits = out.logits[:, :-1, :]  # prediction for each completion token
-    logp = token_logprobs(
-        logits.float() if logits.dtype != torch.float32 else logits, batch.completion_ids, temperature
-    )
-    return out, logp
+    logits = logits.float() if logits.dtype != torch.float32 else logits
+    logp = token_logprobs(logits, batch.completion_ids, temperature)
+    if not return_entropy:
+        return out, logp
+    from trl.trainer.utils import entropy_from_logits  # TRL's chunked entropy, as GRPOTrainer logs it
+
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits.detach() / temperature)
+    return out, logp, entropy
+
+
+def masked_mean_entropy(token_entropy: torch.Tensor, completion_mask: torch.Tensor) -> float:
+    """Mean of `(B, C)` token entropies over the scored completion tokens (`completion_mask` 1)."""
+    mask = completion_mask.to(token_entropy.device, token_entropy.dtype)
+    return float((token_entropy * mask).sum() / mask.sum().clamp(min=1.0))
 
 
 def agent_token_logprobs(model: nn.Module, batch: AgentBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Completion-token log-probs `(B, C)` from one forward pass over `[prompt | completion]` (`forward_completions`)."""
+    """Completion-token log-probs `(B, C)` of `log_softmax(logits / temperature)` from one forward pass over
+    `[prompt | completion]` (`forward_completions`)."""
     return forward_completions(model, batch, temperature)[1]
 
 
@@ -362,4 +398,82 @@ def eos_token_ids(model: PreTrainedModel, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN_EOS"
+
+
+UNKNOWN_EOS: Any = _Unknown()  # "how this completion ended is not known" (a plain text from a user or an API)
+
+
+class CompletionText(str):
+    """A completion's text that remembers how it was generated (a comparator's sample).
+
+    Attributes:
+        eos_token: the text of the EOS token the completion ended with, or None when it was cut at
+            `max_new_tokens` (no EOS).
+        token_ids: the exact generated ids (EOS included), valid for the tokenizer named by `tokenizer`; None
+            when unknown.
+        tokenizer: the tokenizer object `token_ids` belong to (ids are reused only for that very tokenizer).
+    """
+
+    eos_token: str | None = None
+    token_ids: torch.Tensor | None = None
+    tokenizer: Any = None
+
+    def __new__(cls, text: str, eos_token: str | None = None, token_ids=None, tokenizer: Any = None):
+        obj = super().__new__(cls, text)
+        obj.eos_token, obj.token_ids, obj.tokenizer = eos_token, token_ids, tokenizer
+        return obj
+
+
+def default_eos_token_id(tokenizer, eos_ids: Sequence[int]) -> int:
+    """The EOS id a finished completion is taken to end with when the id it emitted is unknown: the tokenizer's
+    `eos_token_id` (what its chat template closes a turn with) when it is one of the model's EOS ids, else the first
+    of them."""
+    tok = getattr(tokenizer, "eos_token_id", None)
+    if tok is not None and (not eos_ids or tok in eos_ids):
+        return int(tok)
+    if not eos_ids:
+        raise ValueError("the agent has no EOS token id (neither its tokenizer nor its generation config has one)")
+    return int(eos_ids[0])
+
+
+def completion_token_ids(
+    tokenizer, text: str, eos_ids: Sequence[int], max_new_tokens: int, eos_token: Any = UNKNOWN_EOS
+) -> torch.Tensor:
+    """The token ids to score for a completion given as text (a comparator's, or one re-read from a record).
+
+    - A `CompletionText` carrying the exact ids of THIS tokenizer: those ids, unchanged.
+    - `eos_token` a string (the EOS token the completion ended with): the text's ids, then that EOS's id when it is
+      one of `eos_ids`, else the default EOS (`default_eos_token_id`); cut so the whole fits `max_new_tokens`.
+    - `eos_token` None: the completion was cut at `max_new_tokens`; its ids, NO EOS appended.
+    - unknown (`UNKNOWN_EOS`, a plain text): a finished completion ending with the default EOS, unless its text
+      alone fills `max_new_tokens` (then it was cut: no EOS).
+    A `CompletionText`'s own `eos_token` is used when `eos_token` is not given.
+    """
+    if isinstance(text, CompletionText):
+        if text.token_ids is not None and text.tokenizer is tokenizer:
+            return torch.as_tensor(text.token_ids, dtype=torch.long).clone()
+        if eos_token is UNKNOWN_EOS:
+            eos_token = text.eos_token
+    ids = tokenizer(str(text), add_special_tokens=False)["input_ids"]
+    if eos_token is UNKNOWN_EOS:
+        eos_token = None if len(ids) >= max_new_tokens else ""
+    if eos_token is None:
+        return torch.tensor(ids[:max_new_tokens], dtype=torch.long)
+    eos_id = tokenizer.convert_tokens_to_ids(eos_token) if eos_token else None
+    if eos_id is None or eos_id not in eos_ids:
+        eos_id = default_eos_token_id(tokenizer, eos_ids)
+    return torch.tensor([*ids[: max_new_tokens - 1], eos_id], dtype=torch.long)
+
+
+def ended_with_eos(tokenizer, completion_ids: torch.Tensor, eos_ids: Sequence[int]) -> str | None:
+    """The text of the EOS token a generated completion ended with, or None when it has none (cut)."""
+    if completion_ids.numel() and int(completion_ids[-1]) in eos_ids:
+        return tokenizer.convert_ids_to_tokens(int(completion_ids[-1]))
+    return None
+
+
 __all__ += ["completion_mask", "agent_token_logprobs", "default_formatter"]
+__all__ += ["CompletionText", "completion_token_ids", "default_eos_token_id", "ended_with_eos", "UNKNOWN_EOS"]

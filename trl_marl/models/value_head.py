@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from ..team import AgentBatch, TeamModel, agent_token_logprobs, forward_completions
+from ..team import AgentBatch, TeamModel, forward_completions, masked_mean_entropy
 
 __all__ = [
     "ValueHead",
@@ -216,19 +216,27 @@ def collate_critic_batch(sequences: Sequence[torch.Tensor], pad_token_id: int) -
 
 
 def agent_logprobs_and_values(
-    agent: PreTrainedModel, head: ValueHead, batch: AgentBatch, critic_type: str = "v"
-) -> tuple[torch.Tensor, torch.Tensor]:
+    agent: PreTrainedModel,
+    head: ValueHead,
+    batch: AgentBatch,
+    critic_type: str = "v",
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """ONE forward pass of an actor with a value head on its backbone (IAC shared-model mode).
 
     Returns the `(B, C)` completion-token log-probs (as `agent_token_logprobs`) and the `(B,)` values read from the
     final hidden state at the last prompt token (`critic_type="v"`, V(h)) or at the last completion token
     (`"q"`, Q(h, a)). Prompts are left-padded in the batch, so the last prompt token is at position `P - 1`.
+    The log-probs are of `logits / temperature` (the sampling temperature); with `return_entropy` the `(B, C)`
+    token entropies follow as a third element (`forward_completions`).
     """
     if critic_type not in CRITIC_TYPES:
         raise ValueError(f"critic_type must be one of {CRITIC_TYPES}, got {critic_type!r}")
     device = next(agent.parameters()).device
     C = batch.num_completion_tokens
-    out, logp = forward_completions(agent, batch, output_hidden_states=True)
+    res = forward_completions(agent, batch, temperature, output_hidden_states=True, return_entropy=return_entropy)
+    out, logp = res[0], res[1]
     completion_mask = batch.completion_mask.to(device)
     hidden = out.hidden_states[-1]  # (B, P + C, H), after the final norm
     B, P = hidden.shape[0], hidden.shape[1] - C
@@ -237,7 +245,7 @@ def agent_logprobs_and_values(
     else:
         pos = P + completion_mask.sum(dim=1).long() - 1
     h = hidden[torch.arange(B, device=device), pos]
-    return logp, head(h)
+    return (logp, head(h), res[2]) if return_entropy else (logp, head(h))
 
 
 class ActorCriticTeam(TeamModel):
@@ -313,17 +321,24 @@ class ActorCriticTeam(TeamModel):
             raise ValueError(f"expected {len(self.agents)} agent batches, got {len(agent_batches)}")
         logprobs: list[torch.Tensor | None] = []
         values: list[torch.Tensor | None] = []
+        entropies: list[float | None] = []
+        record = torch.is_grad_enabled()  # the loss's forward: keep the entropies for logging (TeamModel.forward)
+        T = self.temperature
         for i, (agent, batch) in enumerate(zip(self.agents, agent_batches)):
             if batch is None:
-                logprobs.append(None)
-                values.append(None)
+                res = (None, None)
             elif self.value_heads is None:
-                logprobs.append(agent_token_logprobs(agent, batch))
-                values.append(None)
+                res = forward_completions(agent, batch, T, return_entropy=record)[1:]
+                res = (res[0], None, *res[1:])
             else:
-                lp, v = agent_logprobs_and_values(agent, self.value_heads[i], batch, self.critic_type)
-                logprobs.append(lp)
-                values.append(v)
+                res = agent_logprobs_and_values(agent, self.value_heads[i], batch, self.critic_type, T, record)
+            logprobs.append(res[0])
+            values.append(res[1])
+            entropies.append(
+                masked_mean_entropy(res[2], batch.completion_mask) if record and batch is not None else None
+            )
+        if record:
+            self.last_entropy = entropies
         critic_values: list[torch.Tensor | None] = []
         if critic_batches is not None:
             if len(critic_batches) != len(self.critics):

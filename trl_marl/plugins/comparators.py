@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..centralized import CentralizedParseError, TaggedCentralizedAdapter
-from ..team import PromptText
+from ..team import CompletionText, PromptText, ended_with_eos, eos_token_ids
 
 __all__ = [
     "ModelComparator",
@@ -102,8 +102,19 @@ class ModelComparator:
         with torch.no_grad():
             if not self.centralized:
                 outs = self.sample(trainer, models, tokenizers, [list(p) for p in prompts_per_agent], num_candidates)
+                eos = [eos_token_ids(m, t) for m, t in zip(models, tokenizers)]
+
+                def text(i: int, r: int) -> str:
+                    # the text, how it ended (which EOS, or cut) and its exact ids, so the trainer scores exactly
+                    # the generated tokens (trl_marl.team.completion_token_ids)
+                    if r >= len(outs[i].completion_ids):  # a sampler that reports texts only
+                        return outs[i].texts[r]
+                    ids = outs[i].completion_ids[r]
+                    end = ended_with_eos(tokenizers[i], ids, eos[i])
+                    return CompletionText(outs[i].texts[r], eos_token=end, token_ids=ids, tokenizer=tokenizers[i])
+
                 return [
-                    [[outs[i].texts[b * num_candidates + c] for i in range(n)] for c in range(num_candidates)]
+                    [[text(i, b * num_candidates + c) for i in range(n)] for c in range(num_candidates)]
                     for b in range(B)
                 ]
             k = self.central_index

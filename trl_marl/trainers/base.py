@@ -52,10 +52,13 @@ from ..hub import (
 from ..rewards import RewardFunction
 from ..rollout import GenerationOutput, JointRollout, Rollout
 from ..team import (
+    UNKNOWN_EOS,
     AgentBatch,
     PromptText,
     TeamModel,
     collate_agent_batch,
+    completion_token_ids,
+    ended_with_eos,
     eos_token_ids,
     load_agents,
     load_tokenizers,
@@ -242,6 +245,7 @@ class MultiAgentTrainer(_BaseTrainer):
         self.tokenizers = load_tokenizers(tokenizer, names, n, sources)
         self.peft_config = peft_config
         team = self._build_team(models, names, args) if shared is None else TeamModel(models, names, shared=shared)
+        team.temperature = args.temperature  # log-probs of sampled completions are taken on logits / temperature
         if args.parallel_training == "mp":
             devices = args.agent_devices * n if len(args.agent_devices) == 1 else args.agent_devices
             for agent, dev in zip(team.agents, devices):
@@ -566,13 +570,16 @@ class MultiAgentTrainer(_BaseTrainer):
             ids = ids[-self.args.max_prompt_length :]
         return torch.tensor(ids, dtype=torch.long)
 
-    def tokenize_completion(self, i: int, text: str) -> torch.Tensor:
-        """Token ids of a completion given as text (a comparator's, or one re-read from a round file): the text
-        without special tokens, then agent i's EOS (a finished answer), cut to `max_new_tokens`."""
-        ids = self.tokenizers[i](text, add_special_tokens=False)["input_ids"][: self.args.max_new_tokens - 1]
-        return torch.tensor(
-            [*ids, self.eos_ids[i][0] if self.eos_ids[i] else self.tokenizers[i].eos_token_id], dtype=torch.long
-        )
+    def tokenize_completion(self, i: int, text: str, eos_token: Any = UNKNOWN_EOS) -> torch.Tensor:
+        """Token ids of a completion given as text (a comparator's, or one re-read from a round file), as agent i
+        scores it: exactly the generated ids for a comparator sample of agent i's tokenizer, else the text's ids plus
+        the EOS it ended with (`eos_token`, or a `CompletionText`'s own), none when it was cut at `max_new_tokens`
+        (see `trl_marl.team.completion_token_ids`)."""
+        return completion_token_ids(self.tokenizers[i], text, self.eos_ids[i], self.args.max_new_tokens, eos_token)
+
+    def completion_eos_token(self, i: int, completion_ids: torch.Tensor) -> str | None:
+        """The text of the EOS token agent i's generated `completion_ids` ended with; None when cut (no EOS)."""
+        return ended_with_eos(self.tokenizers[i], completion_ids, self.eos_ids[i])
 
     # ------------------------------------------------------------------ scoring
     def agent_batch(self, i: int, samples: Sequence) -> AgentBatch:
@@ -592,8 +599,9 @@ class MultiAgentTrainer(_BaseTrainer):
             batch = self.agent_batch(i, samples)
             from ..team import agent_token_logprobs
 
-            logp = agent_token_logprobs(team.agents[i], batch)
-            ref_logp = agent_token_logprobs(self.reference_models[i], batch).to(logp.device)
+            T = self.args.temperature  # both policies scored at the sampling temperature (as TRL's GRPO)
+            logp = agent_token_logprobs(team.agents[i], batch, T)
+            ref_logp = agent_token_logprobs(self.reference_models[i], batch, T).to(logp.device)
             kl = k3_kl(logp, ref_logp, batch.completion_mask.to(logp.device)).cpu()
             for s, v in zip(samples, kl.tolist()):
                 s.penalty = coef * v
@@ -603,7 +611,9 @@ class MultiAgentTrainer(_BaseTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         t0 = time.perf_counter()
         self._rollout_seconds = 0.0
+        self.team.last_entropy = None
         loss = super().training_step(model, inputs, num_items_in_batch)
+        self._record_entropy()
         self._step += 1
         self._timings["update"] += time.perf_counter() - t0 - self._rollout_seconds
         if self._step % self.args.gradient_accumulation_steps == 0 and self._will_log():
@@ -685,6 +695,20 @@ class MultiAgentTrainer(_BaseTrainer):
             for rec in rollout.records():
                 rec = {"step": self.state.global_step, "env_step": self.env_step, **rec}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    def _record_entropy(self) -> None:
+        """`agent_{i}/entropy` and their mean `entropy`: the token entropy of the sampled completions (TRL's
+        `entropy_from_logits` on logits / temperature), read from the loss's own forward pass (`TeamModel.forward`
+        keeps it), so no extra forward runs."""
+        entropies = getattr(self.team, "last_entropy", None)
+        if not entropies:
+            return
+        m = self._metrics["train"]
+        seen = [(i, e) for i, e in enumerate(entropies) if e is not None]
+        for i, e in seen:
+            m[f"agent_{i + 1}/entropy"].append(e)
+        if seen:
+            m["entropy"].append(sum(e for _, e in seen) / len(seen))
 
     def _will_log(self) -> bool:
         """Whether the optimizer step about to happen is a logging step (per-agent grad norms are only computed

@@ -509,8 +509,13 @@ class IterativeMixin:
         target_texts = [s.completion for s in samples]
         target_ids = [s.completion_ids for s in samples]
         comp_ids = [self.tokenize_completion(i, comp_texts[i]) for i in range(n)]
-        w_texts, l_texts = (target_texts, list(comp_texts)) if target_wins else (list(comp_texts), target_texts)
+        # how each side ended (the EOS token's text, None when cut at max_new_tokens), kept in the round file
+        target_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(target_ids)]
+        comp_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(comp_ids)]
+        comp_texts = [str(t) for t in comp_texts]  # plain strings: pairs are pickled across processes
+        w_texts, l_texts = (target_texts, comp_texts) if target_wins else (comp_texts, target_texts)
         w_ids, l_ids = (target_ids, comp_ids) if target_wins else (comp_ids, target_ids)
+        w_eos, l_eos = (target_eos, comp_eos) if target_wins else (comp_eos, target_eos)
         w_score, l_score = (t_score, c_score) if target_wins else (c_score, t_score)
         w_raw, l_raw = (t_raw, c_raw) if target_wins else (c_raw, t_raw)
         return PreferencePair(
@@ -526,6 +531,8 @@ class IterativeMixin:
             raw_rewards=[w_raw, l_raw],
             target_raw_reward=t_raw,
             comparator_raw_reward=c_raw,
+            winner_eos=w_eos,
+            loser_eos=l_eos,
         )
 
     def _pair_from_record(self, record: dict) -> PreferencePair:
@@ -534,21 +541,7 @@ class IterativeMixin:
         exact = self._current_pairs.get(id(record))
         if exact is not None:
             return exact
-        n = self.num_agents
-        return PreferencePair(
-            prompts=list(record["prompts"]),
-            winner_completions=list(record["winner_completions"]),
-            loser_completions=list(record["loser_completions"]),
-            winner_reward=record["winner_reward"],
-            loser_reward=record["loser_reward"],
-            candidate_reward_mean=record["candidate_reward_mean"],
-            prompt_ids=[self.tokenize_prompt(i, record["prompts"][i]) for i in range(n)],
-            winner_ids=[self.tokenize_completion(i, record["winner_completions"][i]) for i in range(n)],
-            loser_ids=[self.tokenize_completion(i, record["loser_completions"][i]) for i in range(n)],
-            raw_rewards=record.get("raw_rewards"),
-            target_raw_reward=record.get("target_raw_reward"),
-            comparator_raw_reward=record.get("comparator_raw_reward"),
-        )
+        return self.pair_from_record(record)
 
     # ---- the Trainer plumbing ----
     def get_train_dataloader(self):

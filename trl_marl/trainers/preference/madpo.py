@@ -22,6 +22,7 @@ import os
 import random
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from accelerate.utils import gather_object
@@ -33,7 +34,7 @@ from ...algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
 from ...team import agent_token_logprobs, collate_agent_batch
 from ..base import MultiAgentTrainer, _identity_collate
 from ..config import MultiAgentConfig
-from .pairs import PAIR_SELECTIONS, PreferencePair, pairs_from_rollout
+from .pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_from_rollout
 
 __all__ = ["PreferenceConfig", "MADPOConfig", "MADPOTrainer", "PreferenceCollectionMixin", "COLLABORATION_MODES"]
 
@@ -186,6 +187,33 @@ class PreferenceCollectionMixin:
     # averages everything logged under one key between two logging steps).
     candidate_reward_keys: tuple[str, ...] = ("turn_1/reward_mean", "turn_1/expected_return")
 
+    def pair_from_record(self, record: dict) -> PreferencePair:
+        """A training pair from a record (`PreferencePair.to_record()`'s shape, e.g. a round file's entry),
+        re-tokenized with each agent's tokenizer as this trainer tokenizes its own samples
+        (`PreferencePair.from_record`)."""
+        if not getattr(self, "_chat_known", False) and len(self.train_dataset):
+            # render one item: learns whether each agent's prompts are chat-template text (no special tokens)
+            self.rollout_engine.first_prompts(self.train_dataset[0])
+            self._chat_known = True
+        return PreferencePair.from_record(
+            record,
+            self.tokenizers,
+            self.args.max_new_tokens,
+            self.eos_ids,
+            self.args.max_prompt_length,
+            chat=list(self._chat_prompts) if getattr(self, "_chat_known", False) else None,
+        )
+
+    def _accept_pairs(self, pairs: Any) -> list[PreferencePair] | None:
+        """`preference_pairs=`: None, or records / `PreferencePair`s / a `datasets.Dataset` of records."""
+        return None if pairs is None else as_preference_pairs(pairs, self.pair_from_record)
+
+    def _set_completion_ends(self, pairs: list[PreferencePair]) -> None:
+        """Record, per agent, the EOS token each side ended with (None when cut), for `to_record()`."""
+        for p in pairs:
+            p.winner_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.winner_ids)]
+            p.loser_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.loser_ids)]
+
     def _setup_collaboration(self, args, reward_func, formatters, agents, adapter):
         """Centralized mode: rewrite (args, reward, formatters) for one model writing every role."""
         self.num_roles = args.num_agents
@@ -234,15 +262,15 @@ class PreferenceCollectionMixin:
             for node in rollout.nodes:
                 r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)
                 rewards.extend(r.tolist())
-            local.extend(
-                pairs_from_rollout(
-                    rollout,
-                    self.args.pair_selection,
-                    self.args.preference_pairs_per_sample,
-                    rng,
-                    formatters=self.rollout_engine.formatters,
-                )
+            new = pairs_from_rollout(
+                rollout,
+                self.args.pair_selection,
+                self.args.preference_pairs_per_sample,
+                rng,
+                formatters=self.rollout_engine.formatters,
             )
+            self._set_completion_ends(new)
+            local.extend(new)
         self.model.train(was_training)
         if world > 1:
             gathered = gather_object([(local, rewards)])
@@ -280,7 +308,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         args: MADPOConfig | None = None,
         formatters=None,
         adapter=None,
-        preference_pairs: list[PreferencePair] | None = None,
+        preference_pairs: Any = None,
         ref_model=None,
         **kwargs,
     ):
@@ -289,7 +317,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         super().__init__(
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
         )
-        self.pairs: list[PreferencePair] | None = preference_pairs
+        self.pairs: list[PreferencePair] | None = self._accept_pairs(preference_pairs)
         self.ref_models = self._load_ref_models(ref_model)
         if self.ref_models is None and args.precompute_ref_log_probs and not self._precompute_from_initial_agents:
             raise ValueError(

@@ -191,7 +191,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         self.reward_model = reward_model
         if reward_model is not None and args.reward_model_path is not None:
             reward_model.to(args.reward_model_device or self.accelerator.device)
-        self.pairs = preference_pairs
+        self.pairs = self._accept_pairs(preference_pairs)
         # RL rollouts score with the learned reward; `rollout_engine` keeps the task reward (pairs, evaluation)
         self.train_rollout_engine = copy.copy(self.rollout_engine)
         self.train_rollout_engine.reward = RewardFunction(self._learned_reward, self.num_agents)

@@ -13,20 +13,25 @@ responses with different scores, the higher is the winner, the other the loser; 
 | `"random"` | a uniformly random subset of `preference_pairs_per_sample` |
 | `"comparator_reward"` | (iterative trainers) by the comparator's score, then the gap, descending |
 
-A pair record has exactly the JSON shape of the spec (`to_record()`); the token ids of the winner's and loser's
+A pair record has the JSON shape of the spec (`to_record()`), plus `winner_eos` / `loser_eos` where known: per
+agent, the text of the EOS token the completion ended with, or null when it was cut at `max_new_tokens` (so that a
+re-tokenized completion scores exactly the tokens that were generated). The token ids of the winner's and loser's
 completions are kept beside it in memory for training, so nothing is re-tokenized within a run.
 
 `to_dataset()` / `PreferencePair.from_dataset()` convert pairs to and from TRL's standard preference format (a
 `datasets.Dataset` with `prompt`, `chosen`, `rejected`): over the joint transcript (what the joint reward model and
 `trl reward` read) or for one agent's side (what `DPOTrainer` reads). See docs/preference-pairs.md.
+`PreferencePair.from_record` turns a record (from a round file, a user's file or a `datasets.Dataset` row) back into
+a training pair with each agent's tokenizer; `as_preference_pairs` accepts records, pairs or a Dataset of records.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -39,7 +44,10 @@ __all__ = [
     "to_dataset",
     "joint_prompt_text",
     "joint_response_text",
+    "as_preference_pairs",
 ]
+
+RECORD_FIELDS = ("prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward")
 
 PAIR_SELECTIONS = ("reward_gap", "all", "random", "comparator_reward")
 
@@ -66,9 +74,11 @@ class PreferencePair:
     # reference model; TRL's `ref_chosen_logps` / `ref_rejected_logps`)
     ref_chosen_logps: list[float] | None = field(default=None, repr=False)
     ref_rejected_logps: list[float] | None = field(default=None, repr=False)
+    winner_eos: list[str | None] | None = None  # per agent: the EOS token's text it ended with, None when cut
+    loser_eos: list[str | None] | None = None
 
     def to_record(self) -> dict:
-        """The spec's JSON record (the iterative fields only when set)."""
+        """The spec's JSON record (the iterative fields and `winner_eos` / `loser_eos` only when set)."""
         rec = {
             "prompts": list(self.prompts),
             "winner_completions": list(self.winner_completions),
@@ -81,6 +91,8 @@ class PreferencePair:
             rec["raw_rewards"] = [float(r) for r in self.raw_rewards]
             rec["target_raw_reward"] = self.target_raw_reward
             rec["comparator_raw_reward"] = self.comparator_raw_reward
+        if self.winner_eos is not None and self.loser_eos is not None:
+            rec["winner_eos"], rec["loser_eos"] = list(self.winner_eos), list(self.loser_eos)
         return rec
 
     @classmethod
@@ -98,6 +110,108 @@ class PreferencePair:
         """
         records = _records_from_dataset(dataset)
         return [_pair_from_dataset_record(rec, trainer) for rec in records]
+
+    @classmethod
+    def from_record(
+        cls,
+        record: dict,
+        tokenizers: Sequence[Any],
+        max_new_tokens: int,
+        eos_ids: Sequence[Sequence[int]] | None = None,
+        max_prompt_length: int | None = None,
+        chat: Sequence[bool | None] | None = None,
+    ) -> PreferencePair:
+        """A training pair from a record (`to_record()`'s shape), re-tokenized with each agent's tokenizer as the
+        trainers tokenize their own samples.
+
+        Args:
+            record: `prompts`, `winner_completions`, `loser_completions` (one entry per agent), `winner_reward`,
+                `loser_reward`; optional `candidate_reward_mean` (default: the mean of the two rewards), the
+                iterative fields and `winner_eos` / `loser_eos`. A prompt is the rendered prompt text, or a list of
+                chat messages (rendered with the agent's chat template, generation prompt added).
+            tokenizers: one tokenizer per agent (the trainer's `tokenizers`).
+            max_new_tokens: completions are cut to it (a completion that fills it without `*_eos` is taken as cut).
+            eos_ids: per agent, the ids that end a completion (the trainer's `eos_ids`; default: each tokenizer's
+                `eos_token_id`).
+            max_prompt_length: prompts keep their last `max_prompt_length` tokens (as generation does).
+            chat: per agent, whether its prompts are chat-template text (tokenized without special tokens); None
+                infers it: no special tokens when the text already starts with the tokenizer's BOS.
+        """
+        n = len(tokenizers)
+        missing = [k for k in RECORD_FIELDS if k not in record]
+        if missing:
+            raise ValueError(f"a preference record needs the fields {list(RECORD_FIELDS)}; missing {missing}")
+        for key in ("prompts", "winner_completions", "loser_completions"):
+            value = record[key]
+            if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
+                raise ValueError(f"record[{key!r}] must be a list with one entry per agent ({n}), got {value!r:.200}")
+        from ...team import UNKNOWN_EOS, completion_token_ids, render_prompt
+
+        eos_ids = eos_ids or [[t.eos_token_id] if t.eos_token_id is not None else [] for t in tokenizers]
+        chat = list(chat) if chat is not None else [None] * n
+        prompts, prompt_ids = [], []
+        for i, (tok, prompt) in enumerate(zip(tokenizers, record["prompts"])):
+            text = render_prompt(prompt, tok)
+            is_chat = getattr(text, "chat", False) or chat[i]
+            if is_chat is None:
+                bos = getattr(tok, "bos_token", None)
+                is_chat = bool(bos) and str(text).startswith(bos)
+            ids = tok(str(text), add_special_tokens=not is_chat)["input_ids"]
+            if max_prompt_length is not None:
+                ids = ids[-max_prompt_length:]
+            prompts.append(str(text))
+            prompt_ids.append(torch.tensor(ids, dtype=torch.long))
+
+        def completions(key: str) -> list[torch.Tensor]:
+            ends = record.get(key.replace("_completions", "_eos"))
+            return [
+                completion_token_ids(
+                    tokenizers[i], text, eos_ids[i], max_new_tokens, UNKNOWN_EOS if ends is None else ends[i]
+                )
+                for i, text in enumerate(record[key])
+            ]
+
+        w, lo = float(record["winner_reward"]), float(record["loser_reward"])
+        return cls(
+            prompts=prompts,
+            winner_completions=[str(c) for c in record["winner_completions"]],
+            loser_completions=[str(c) for c in record["loser_completions"]],
+            winner_reward=w,
+            loser_reward=lo,
+            candidate_reward_mean=float(record.get("candidate_reward_mean", (w + lo) / 2)),
+            prompt_ids=prompt_ids,
+            winner_ids=completions("winner_completions"),
+            loser_ids=completions("loser_completions"),
+            raw_rewards=record.get("raw_rewards"),
+            target_raw_reward=record.get("target_raw_reward"),
+            comparator_raw_reward=record.get("comparator_raw_reward"),
+            winner_eos=record.get("winner_eos"),
+            loser_eos=record.get("loser_eos"),
+        )
+
+
+def as_preference_pairs(pairs: Any, make_pair: Callable[[dict], PreferencePair]) -> list[PreferencePair]:
+    """`preference_pairs=` as a list of `PreferencePair`: accepts `PreferencePair`s (kept as they are), records
+    (dicts of `PreferencePair.to_record()`'s shape, converted by `make_pair`), a `datasets.Dataset` of records, or
+    a round file's content (`{"iteration", "num_pairs", "pairs"}`)."""
+    if isinstance(pairs, dict) and "pairs" in pairs:
+        pairs = pairs["pairs"]
+    if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
+        raise TypeError(
+            "preference_pairs must be a list of PreferencePair or of records (dicts), or a datasets.Dataset of "
+            f"records; got {type(pairs).__name__}"
+        )
+    out = []
+    for k, p in enumerate(pairs):
+        if isinstance(p, PreferencePair):
+            out.append(p if p.prompt_ids else make_pair(p.to_record()))
+        elif isinstance(p, dict):
+            out.append(make_pair(p))
+        else:
+            raise TypeError(
+                f"preference_pairs[{k}] must be a PreferencePair or a record (dict), got {type(p).__name__}"
+            )
+    return out
 
 
 def select_pairs(
