@@ -55,7 +55,8 @@ same user, checked by their owner marker, never by name alone). Writes outside i
   `_posixsubprocess.fork_exec`, which has no audit event and is replaced), signals to other processes and `ctypes`
   (unless `allow_subprocesses`). Outside bubblewrap, also writes outside the working directory (`open` for writing,
   `sqlite3.connect`, remove, rename, mkdir, chmod, chown, link, symlink, truncate, utime, `shutil.rmtree`, and
-  `os.mkfifo` / `os.mknod`, which are replaced) unless `restrict_writes=False`.
+  `os.mkfifo` / `os.mknod` and `os.open(..., dir_fd=...)`, which are wrapped to raise a checked event) unless
+  `restrict_writes=False`.
 - The interpreter runs isolated (`-I -B`, plus `-S` unless `site_packages`), stdin is `/dev/null`.
 - stdout and stderr (and a session's replies) are read concurrently and bounded by `max_output_bytes`; more kills
   the run. At the wall-clock deadline, on overflow and after every normal exit the whole process group is
@@ -416,7 +417,8 @@ def _make_hook(net, sub, writes, tmp):
                  "os.rename": ((0, 2), (1, 3)), "os.link": ((0, 2), (1, 3)), "os.symlink": ((1, 2),),
                  "shutil.rmtree": ((0, 1),), "os.setxattr": ((0, -1),), "os.removexattr": ((0, -1),),
                  "os.chflags": ((0, -1),), "os.lchflags": ((0, -1),), "sqlite3.connect": ((0, -1),),
-                 "os.mkfifo": ((0, 1),), "os.mknod": ((0, 1),)}
+                 "os.mkfifo": ((0, 1),), "os.mknod": ((0, 1),),
+                 "trl_marl.open_at": ((0, 1),)}
     fs_events = tuple(fs_events.items())
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
@@ -474,15 +476,19 @@ if not _cfg["allow_subprocesses"]:
         pass
 if _cfg["restrict_writes"]:
     import posix
-    # os.mkfifo / os.mknod raise no audit event: route them through one that the hook checks.
-    def _with_event(name, fn):
-        def checked(path, *a, _fn=fn, _name=name, _audit=sys.audit, **k):
-            _audit(_name, path, k.get("dir_fd"))
+    # os.mkfifo / os.mknod raise no audit event, and os.open's "open" event omits dir_fd: route them through an
+    # event that the hook checks (with its dir_fd).
+    def _with_event(name, fn, flagged):
+        def checked(path, *a, _fn=fn, _name=name, _audit=sys.audit, _flagged=flagged,
+                    _w=os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, **k):
+            if not _flagged or (k.get("dir_fd") is not None and (a[0] if a else k.get("flags", 0)) & _w):
+                _audit(_name, path, k.get("dir_fd"))
             return _fn(path, *a, **k)
         return checked
-    for _name in ("mkfifo", "mknod"):
+    for _name, _event, _flagged in (("mkfifo", "os.mkfifo", False), ("mknod", "os.mknod", False),
+                                    ("open", "trl_marl.open_at", True)):
         if hasattr(posix, _name):
-            _w = _with_event("os." + _name, getattr(posix, _name))
+            _w = _with_event(_event, getattr(posix, _name), _flagged)
             setattr(posix, _name, _w)
             setattr(os, _name, _w)
 sys.addaudithook(_make_hook(_cfg["allow_network"], _cfg["allow_subprocesses"], _cfg["restrict_writes"],

@@ -452,13 +452,17 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH", re.I)
 
 
 def _redact(text: str) -> str:
-    """`text` bounded in length, with the value of every secret-looking variable of the trainer's environment
-    replaced (defence in depth: the sandbox has no access to the environment in the first place)."""
-    text = text if len(text) <= _MAX_DETAIL_CHARS else text[: _MAX_DETAIL_CHARS - 15] + "... (truncated)"
+    """`text` with the value of every secret-looking variable of the trainer's environment replaced (defence in
+    depth: the sandbox has no access to that environment in the first place)."""
     for name, value in os.environ.items():
         if len(value) >= 6 and _SECRET_NAME.search(name) and value in text:
             text = text.replace(value, "<redacted>")
     return text
+
+
+def _detail(text: str) -> str:
+    """A test outcome's detail: bounded and redacted."""
+    return _redact(text if len(text) <= _MAX_DETAIL_CHARS else text[: _MAX_DETAIL_CHARS - 15] + "... (truncated)")
 
 
 def _test_builtins(private_seed: int) -> dict:
@@ -515,7 +519,7 @@ class _Harness:
         ev, prepared = self.evaluator, self.prepared
         load_error = self._open(min(self.deadline - time.monotonic(), ev.test_timeout_s + _STARTUP_S))
         if load_error is not None:
-            load_error = _redact(load_error)
+            load_error = _detail(load_error)
             return [TestOutcome(src, "not_run", f"not run: {load_error}") for src in prepared.tests], load_error
         namespace: dict[str, Any] = {
             "__name__": "tests",
@@ -540,7 +544,7 @@ class _Harness:
         finally:
             if self.session is not None:
                 self.session.close()
-        why = _redact(f"not run: {self.stop_reason or 'the tests stopped'}")
+        why = _detail(f"not run: {self.stop_reason or 'the tests stopped'}")
         return [self.outcomes.get(k) or TestOutcome(src, "not_run", why) for k, src in enumerate(prepared.tests)], None
 
     def candidate(self, *args, **kwargs):
@@ -604,7 +608,7 @@ class _Harness:
                 got = "<unprintable>"
             detail = f"returned {got}" if detail in ("", "AssertionError") else f"{detail} (returned {got})"
         status = "failed" if isinstance(e, AssertionError) else "error"
-        self.outcomes[k] = TestOutcome(source, status, _redact(detail))
+        self.outcomes[k] = TestOutcome(source, status, _detail(detail))
         if self.stop_reason is not None:
             raise _Stop()
 
@@ -901,7 +905,7 @@ def feedback_text(ev: CodeEvaluation, agent: int, entry_point: str) -> str:
             lines.append(f"- `{entry_point}` does not use `{AUX_NAME}`.")
         elif ev.trivial_wrapper:
             lines.append(f"- `{entry_point}` only returns `{AUX_NAME}(...)`; it should do part of the work itself.")
-    return "\n".join(lines)
+    return _redact("\n".join(lines))
 
 
 class CodeFeedbackTransition:
