@@ -405,63 +405,87 @@ _limit(resource.RLIMIT_NOFILE, _cfg["max_open_files"])
 if hasattr(resource, "RLIMIT_NPROC"):
     _limit(resource.RLIMIT_NPROC, _cfg["max_processes"])
 
-def _make_hook(net, sub, writes, tmp):
-    # Every setting is a constant bound as a default argument: nothing mutable is reachable from the hook, and
-    # replacing a function's __code__ / __defaults__ is refused below.
-    dev_ok = frozenset(("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/fd/1", "/dev/fd/2"))
-    proc_events = frozenset(("os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-                             "os.startfile", "subprocess.Popen", "pty.spawn"))
-    # event -> (index of a path argument, index of its dir_fd argument or -1)
-    fs_events = {"os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),),
-                 "os.chown": ((0, 3),), "os.truncate": ((0, -1),), "os.utime": ((0, 3),),
-                 "os.rename": ((0, 2), (1, 3)), "os.link": ((0, 2), (1, 3)), "os.symlink": ((1, 2),),
-                 "shutil.rmtree": ((0, 1),), "os.setxattr": ((0, -1),), "os.removexattr": ((0, -1),),
-                 "os.chflags": ((0, -1),), "os.lchflags": ((0, -1),), "sqlite3.connect": ((0, -1),),
-                 "os.mkfifo": ((0, 1),), "os.mknod": ((0, 1),),
-                 "trl_marl.open_at": ((0, 1),)}
-    fs_events = tuple(fs_events.items())
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+def _readonly_root(work):
+    # The unshare fallback: in the run's own mount namespace, make every mount read-only except the working
+    # directory (bound onto itself first), so that the kernel refuses writes elsewhere whatever Python-level trick
+    # the program tries. Best effort: a mount that cannot be remounted stays as it was (the audit hook still checks).
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    ms = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
+    ms_rdonly, ms_remount, ms_bind, ms_rec = 1, 32, 4096, 16384
+    if libc.mount(work.encode(), work.encode(), None, ms_bind | ms_rec, None) != 0:
+        return
+    os.chdir(work)  # the working directory must resolve through the new mount
+    with open("/proc/self/mountinfo") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        fields = line.split(" ")
+        point = fields[4].encode().decode("unicode_escape").encode("latin-1")
+        if point.decode("utf-8", "replace") == work:
+            continue
+        flags = ms_remount | ms_bind | ms_rdonly
+        for opt in fields[5].split(","):
+            flags |= ms.get(opt, 0)
+        libc.mount(None, point, None, flags, None)
+    for name in [m for m in sys.modules if m == "_ctypes" or m == "ctypes" or m.startswith("ctypes.")]:
+        del sys.modules[name]
 
-    def inside(path, dir_fd, _tmp=tmp, _dev_ok=dev_ok, _fsdecode=os.fsdecode, _readlink=os.readlink,
-               _realpath=os.path.realpath, _sep=os.sep):
-        if isinstance(path, int):
-            return True
-        p = _fsdecode(path)
-        if p in _dev_ok or p == ":memory:" or p == "":
-            return True
-        if not p.startswith("/") and dir_fd is not None:
-            try:
-                p = _readlink("/proc/self/fd/%d" % dir_fd) + "/" + p
-            except OSError:
-                return False
-        real = _realpath(p)
-        return real == _tmp or real.startswith(_tmp + _sep) or real in _dev_ok
+_WORK = os.path.realpath(os.getcwd())
+if _cfg["readonly_root"]:
+    try:
+        _readonly_root(_WORK)
+    except Exception:
+        pass
+del _readonly_root
 
-    def hook(event, args, _net=net, _sub=sub, _writes=writes, _proc=proc_events, _fs=dict(fs_events),
-             _flags=write_flags, _inside=inside, _getpid=os.getpid, _getpgrp=os.getpgrp):
-        if event == "object.__setattr__" and len(args) >= 2 and args[1] in ("__code__", "__defaults__",
-                                                                            "__kwdefaults__"):
-            raise PermissionError("changing %s is not allowed in the trl_marl sandbox" % args[1])
-        if not _net and event.startswith("socket."):
+def _inside(path, dir_fd):
+    if isinstance(path, int):
+        return True
+    p = os.fsdecode(path)
+    if p in ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/fd/1", "/dev/fd/2", ":memory:", ""):
+        return True
+    if not p.startswith("/") and dir_fd is not None:
+        try:
+            p = os.readlink("/proc/self/fd/%d" % dir_fd) + "/" + p
+        except OSError:
+            return False
+    real = os.path.realpath(p)
+    return real == _WORK or real.startswith(_WORK + "/") or real in ("/dev/null", "/dev/stdout", "/dev/stderr")
+
+# The hook's settings are literal constants of its code (substituted for @NAME@ when the bootstrap is built), so
+# no data structure of this process can switch a check off; replacing a function's __code__ is refused.
+def _hook(event, args):
+    if event == "object.__setattr__" and args[1] == "__code__":
+        raise PermissionError("changing __code__ is not allowed in the trl_marl sandbox")
+    if @BLOCK_NETWORK@ and event.startswith("socket."):
+        raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
+    if @BLOCK_PROCESSES@:
+        if event.startswith("ctypes.") or event in {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
+                                                    "os.system", "os.startfile", "subprocess.Popen", "pty.spawn"}:
             raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
-        if not _sub:
-            if event in _proc or event.startswith("ctypes."):
-                raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
-            if event in ("os.kill", "os.killpg") and args[0] not in (0, _getpid(), _getpgrp()):
-                raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
-        if _writes:
-            if event == "open" and len(args) >= 3:
-                path, mode, flags = args[0], args[1], args[2]
-                writing = (isinstance(flags, int) and flags & _flags) or (
-                    isinstance(mode, str) and any(c in mode for c in "wax+"))
-                if writing and path is not None and not _inside(path, None):
-                    raise PermissionError("writing to %r is not allowed in the trl_marl sandbox" % (path,))
-            elif event in _fs:
-                for i, fd_i in _fs[event]:
-                    dir_fd = args[fd_i] if 0 <= fd_i < len(args) else None
-                    if i < len(args) and not _inside(args[i], dir_fd if isinstance(dir_fd, int) else None):
-                        raise PermissionError("%s on %r is not allowed in the trl_marl sandbox" % (event, args[i]))
-    return hook
+        if event in {"os.kill", "os.killpg"} and args[0] not in (0, os.getpid(), os.getpgrp()):
+            raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
+    if @CHECK_WRITES@:
+        if event == "open" and len(args) >= 3:
+            path, mode, flags = args[0], args[1], args[2]
+            writing = (isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC |
+                                                           os.O_APPEND)) or (
+                isinstance(mode, str) and any(c in mode for c in "wax+"))
+            if writing and path is not None and not _inside(path, None):
+                raise PermissionError("writing to %r is not allowed in the trl_marl sandbox" % (path,))
+        elif event in {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
+                       "os.rename", "os.link", "os.symlink", "shutil.rmtree", "os.setxattr", "os.removexattr",
+                       "os.chflags", "os.lchflags", "sqlite3.connect", "os.mkfifo", "os.mknod",
+                       "trl_marl.open_at"}:
+            # event -> (index of a path argument, index of its dir_fd argument or -1)
+            where = {"os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),),
+                     "os.chown": ((0, 3),), "os.utime": ((0, 3),), "os.rename": ((0, 2), (1, 3)),
+                     "os.link": ((0, 2), (1, 3)), "os.symlink": ((1, 2),), "shutil.rmtree": ((0, 1),),
+                     "os.mkfifo": ((0, 1),), "os.mknod": ((0, 1),), "trl_marl.open_at": ((0, 1),)}
+            for i, fd_i in where.get(event, ((0, -1),)):
+                dir_fd = args[fd_i] if 0 <= fd_i < len(args) else None
+                if i < len(args) and not _inside(args[i], dir_fd if isinstance(dir_fd, int) else None):
+                    raise PermissionError("%s on %r is not allowed in the trl_marl sandbox" % (event, args[i]))
 
 def _deny(name):
     def denied(*a, **k):
@@ -491,9 +515,8 @@ if _cfg["restrict_writes"]:
             _w = _with_event(_event, getattr(posix, _name), _flagged)
             setattr(posix, _name, _w)
             setattr(os, _name, _w)
-sys.addaudithook(_make_hook(_cfg["allow_network"], _cfg["allow_subprocesses"], _cfg["restrict_writes"],
-                            os.path.realpath(os.getcwd())))
-del _make_hook, _deny
+sys.addaudithook(_hook)
+del _deny
 
 """
     + _CODEC
@@ -655,9 +678,15 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
         "allow_network": limits.allow_network,
         "allow_subprocesses": limits.allow_subprocesses,
         "restrict_writes": limits.restrict_writes and backend != "bwrap",
+        "readonly_root": limits.restrict_writes and backend == "unshare",
         "serve": serve,
     }
-    python = [*_interpreter(limits), "-c", _BOOTSTRAP, json.dumps(config)]
+    bootstrap = (
+        _BOOTSTRAP.replace("@BLOCK_NETWORK@", repr(not limits.allow_network))
+        .replace("@BLOCK_PROCESSES@", repr(not limits.allow_subprocesses))
+        .replace("@CHECK_WRITES@", repr(config["restrict_writes"]))
+    )
+    python = [*_interpreter(limits), "-c", bootstrap, json.dumps(config)]
     pipes = {
         "stdin": subprocess.PIPE if serve else subprocess.DEVNULL,
         "stdout": subprocess.PIPE,
@@ -678,7 +707,7 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
                 cmd += ["--setenv", k, v]
             cmd += _bwrap_filesystem(limits)
             cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.max_disk_bytes), "--tmpfs", "/tmp"]
-            cmd += ["--file", str(memfd), "/tmp/main.py", "--chdir", "/tmp", "--", *python]
+            cmd += ["--file", str(memfd), "/tmp/main.py", "--remount-ro", "/", "--chdir", "/tmp", "--", *python]
             proc = subprocess.Popen(
                 cmd, env={}, pass_fds=(memfd,), start_new_session=True, preexec_fn=_set_parent_death_signal, **pipes
             )
