@@ -40,8 +40,9 @@ fallback (with ONE warning per process saying how to install bubblewrap), else n
 and a parent-death signal (`PR_SET_PDEATHSIG`, set before `unshare` starts) so that nothing outlives the trainer.
 The program runs in a fresh host temporary directory (`trl_marl_sandbox_*/work`, owner-marked and removed at
 the end of the run; directories left by a SIGKILLed trainer are removed by the next run in any process of the
-same user, checked by their owner marker, never by name alone). Writes outside it are refused by the audit hook
-(below), by path.
+same user, checked by their owner marker, never by name alone). In the run's mount namespace the bootstrap binds
+that directory onto itself and remounts every other mount read-only (best effort), so the kernel refuses writes
+elsewhere; the audit hook (below) also checks write paths.
 
 **none**: a plain subprocess with the audit hook and the resource limits only.
 
@@ -49,14 +50,14 @@ same user, checked by their owner marker, never by name alone). Writes outside i
 
 - A bootstrap that runs before the program sets `RLIMIT_CPU`, `RLIMIT_AS`, `RLIMIT_FSIZE`, `RLIMIT_NOFILE`,
   `RLIMIT_NPROC`, `RLIMIT_CORE=0`, and installs a Python audit hook (`sys.addaudithook`, which cannot be removed)
-  whose settings are constants bound as default arguments (changing a function's `__code__` / `__defaults__` is
-  itself refused). It raises `PermissionError` on: every `socket.*` event (unless `allow_network`); process
-  creation (`os.fork`, `os.exec*`, `os.posix_spawn*`, `os.system`, `subprocess.Popen`, and
-  `_posixsubprocess.fork_exec`, which has no audit event and is replaced), signals to other processes and `ctypes`
-  (unless `allow_subprocesses`). Outside bubblewrap, also writes outside the working directory (`open` for writing,
-  `sqlite3.connect`, remove, rename, mkdir, chmod, chown, link, symlink, truncate, utime, `shutil.rmtree`, and
-  `os.mkfifo` / `os.mknod` and `os.open(..., dir_fd=...)`, which are wrapped to raise a checked event) unless
-  `restrict_writes=False`.
+  whose settings are literal constants of its code (no data structure of the process switches a check off, and
+  replacing a function's `__code__` is refused). It raises `PermissionError` on: every `socket.*` event (unless
+  `allow_network`); process creation (`os.fork`, `os.exec*`, `os.posix_spawn*`, `os.system`, `subprocess.Popen`,
+  and `_posixsubprocess.fork_exec`, which has no audit event and is replaced), signals to other processes and
+  `ctypes` (unless `allow_subprocesses`). Outside bubblewrap, also writes outside the working directory (`open`
+  for writing, `sqlite3.connect`, remove, rename, mkdir, chmod, chown, link, symlink, truncate, utime,
+  `shutil.rmtree`, and `os.mkfifo` / `os.mknod` / `os.open(..., dir_fd=...)`, which are wrapped to raise a checked
+  event) unless `restrict_writes=False`.
 - The interpreter runs isolated (`-I -B`, plus `-S` unless `site_packages`), stdin is `/dev/null`.
 - stdout and stderr (and a session's replies) are read concurrently and bounded by `max_output_bytes`; more kills
   the run. At the wall-clock deadline, on overflow and after every normal exit the whole process group is
@@ -64,17 +65,16 @@ same user, checked by their owner marker, never by name alone). Writes outside i
 
 ## What is NOT protected against
 
-- bubblewrap: a kernel exploit (there is no seccomp filter); reading what the read-only view shows (the
-  interpreter and the standard library, world-readable system files under `/usr`); CPU and memory are bounded per
-  process (rlimits), not per run (no cgroups); as root (uid 0 outside), Linux does not enforce `RLIMIT_NPROC`, so
-  process creation is stopped only by the audit hook (the default `allow_subprocesses=False`) and by the PID
-  namespace's end at the deadline.
-- unshare fallback: everything above, plus: the program can READ every file the trainer's user can read (e.g.
-  the HumanEval data with its canonical solutions, or credential files in `$HOME`); the write restriction is a
-  Python-level path check, so native code (any C extension importable by the child) or tampering with the
-  pure-Python `os.path` helpers the check relies on can escape it; writes relative to a directory descriptor
-  through `os.open(..., dir_fd=...)` are checked relative to the working directory only; disk usage is bounded
-  per file (`RLIMIT_FSIZE`), not in total.
+- Every backend: a kernel exploit (there is no seccomp filter); CPU and memory are bounded per process (rlimits),
+  not per run (no cgroups); as root (uid 0 outside), Linux does not enforce `RLIMIT_NPROC`, so process creation is
+  stopped only by the audit hook (the default `allow_subprocesses=False`) and by the PID namespace's end at the
+  deadline. The audit hook is a Python-level guard: native code, or a program that patches the builtins and the
+  modules the hook calls (`os`, `os.path`), can get past it; the namespaces and mounts are the boundary.
+- bubblewrap: reading what the read-only view shows (the interpreter, the standard library, `/usr`).
+- unshare fallback: the program can READ every file the trainer's user can read (e.g. the HumanEval data with its
+  canonical solutions, or credential files in `$HOME`); the read-only remount is best effort (a mount that cannot
+  be remounted keeps its mode, guarded by the hook's path check only); disk usage is bounded per file
+  (`RLIMIT_FSIZE`), not in total.
 - none: no filesystem, network or process isolation other than the audit hook.
 - Inside a PID namespace the program is process 1: signals it sends itself are ignored by the kernel and
   `SIGXCPU` / `SIGXFSZ` do not kill it (writes past `RLIMIT_FSIZE` fail with `OSError`; the CPU limit kills with

@@ -7,15 +7,20 @@ first `eval_size` form the evaluation split.
 
 Each agent's completion is reduced to one function (see `extract_function`): the first fenced code block (or,
 failing that, the text from the first code line, or the whole text) that parses and defines the agent's function at
-top level, keeping that function and the block's top-level imports and dropping everything else (so agent 2 cannot bring its own `aux`, and stray prints or tests never
-run). The program that is tested is the problem's own context (its imports and helper functions, e.g.
-`encode_cyclic`), then agent 1's `aux`, then agent 2's entry point. It runs in `trl_marl.sandbox` with the
-problem's `check` split into its individual test statements (each top-level statement of `check` that contains
-an `assert` and calls `candidate`; statements without a call to `candidate`, such as `assert True`, are not
-tests), each under its own time limit, so that the fraction of passed tests is meaningful. A test passes only
-if the entry point returns plain built-in values (exact `int`, `float`, `complex`, `str`, `bytes`, `bool`,
-`None`, `list`, `tuple`, `dict`, `set`, `frozenset`, recursively), which stops objects with an always-true
-`__eq__` from passing every assert.
+top level, keeping that function and the block's top-level imports and dropping everything else (so agent 2 cannot
+bring its own `aux`, and stray prints or tests never run). The program that is tested is the problem's own context
+(its imports and helper functions, e.g. `encode_cyclic`), then agent 1's `aux`, then agent 2's entry point.
+
+The verdict is computed where the program cannot reach it. The problem's `check` is split into its individual test
+statements (each top-level statement of `check` that contains an `assert` and calls `candidate`; statements
+without a call to `candidate`, such as `assert True`, are not tests), each under its own time limit, so that the
+fraction of passed tests is meaningful. `check` runs in the TRAINER's process (`_Harness`); `candidate` is a
+proxy that sends each call's arguments to the program, which runs in a `trl_marl.sandbox.SandboxSession`, and gets
+back the returned value as plain data (`None`, `bool`, `int`, `float`, `complex`, `str`, `bytes`, `list`,
+`tuple`, `dict`, `set`, `frozenset`, recursively) or the exception as text. Every comparison happens in the
+trainer, so an object with an always-true `__eq__`, a patched builtin or a forged report cannot pass a test: the
+sandboxed process holds nothing that can produce a "passed". Tests that need more than returned values (argument
+mutation, object identity) fail closed; none of HumanEval's 164 problems does.
 
 The joint reward is level-gated (after the reference environment); the maximum is 4.0 and the minimum 0.0:
 
@@ -38,7 +43,8 @@ agents' functions must parse.
 
 Multi-turn: `CodeFeedbackTransition` (`code_feedback_transition`) gives each agent the previous round's code of
 both agents and its test results (syntax errors, failing test statements with the value the entry point
-returned or the exception, timeouts). Note that this shows the problem's hidden tests to the agents in later
+returned or the exception, timeouts), built from the trusted results, bounded, and with the values of
+secret-looking variables of the trainer's environment redacted. Note that this shows the problem's hidden tests to the agents in later
 turns. The transition returns complete prompts; the formatters pass such a prompt through unchanged (they
 recognise it because `item["prompt"]` then differs from `item["problem"]`), so the task works with and without
 `external_prompt_passthrough`.
