@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
+import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
-from trl_marl.sandbox import SandboxLimits, SandboxResult, isolation_support, run_many, run_python
+from trl_marl import sandbox
+from trl_marl.sandbox import (
+    CallOutcome,
+    SandboxLimits,
+    SandboxResult,
+    SandboxSession,
+    cleanup_stale_dirs,
+    decode_value,
+    encode_value,
+    isolation_support,
+    run_many,
+    run_python,
+)
 
 FAST = SandboxLimits(timeout_s=2.0)
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox's limits are Linux-specific")
@@ -68,8 +85,7 @@ def test_infinite_loop_is_killed_at_the_deadline():
 @linux_only
 def test_cpu_limit_kills_before_the_wall_clock():
     r = run_python("while True:\n    pass\n", SandboxLimits(timeout_s=8.0, cpu_time_s=1))
-    assert not r.timed_out and not r.ok
-    assert r.duration_s < 5.0
+    assert not r.timed_out and not r.ok  # killed by RLIMIT_CPU (1 s of CPU) before the 8 s wall clock
 
 
 def test_unbounded_output_is_cut_and_killed():
@@ -215,3 +231,213 @@ def test_limits_validation():
         SandboxLimits(timeout_s=0)
     with pytest.raises(ValueError):
         SandboxLimits(max_output_bytes=0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Backends: bubblewrap (strong), the unshare fallback, and how each is chosen
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+@linux_only
+def test_backend_env_switch_forces_the_fallback(monkeypatch):
+    monkeypatch.setenv(sandbox.BACKEND_ENV, "unshare")
+    r = run_python("print('hi')", FAST)
+    assert r.ok and r.backend == "unshare" and "mount" in r.isolation
+    monkeypatch.setenv(sandbox.BACKEND_ENV, "chroot")
+    r = run_python("print('hi')", FAST)
+    assert not r.ok and "TRL_MARL_SANDBOX_BACKEND must be one of" in r.error
+    with pytest.raises(ValueError, match="backend must be one of"):
+        SandboxLimits(backend="docker")
+
+
+@linux_only
+def test_fallback_logs_one_warning_per_process(monkeypatch, caplog):
+    monkeypatch.delenv(sandbox.BACKEND_ENV, raising=False)
+    monkeypatch.setitem(sandbox._PROBED, "bwrap", None)  # as on a machine without bubblewrap
+    monkeypatch.setattr(sandbox, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="trl_marl.sandbox"):
+        results = run_many(["print(1)", "print(2)", "print(3)"], FAST, max_workers=2)
+    assert [r.backend for r in results] == ["unshare"] * 3 and all(r.ok for r in results)
+    warnings = [rec.getMessage() for rec in caplog.records if rec.name == "trl_marl.sandbox"]
+    assert len(warnings) == 1 and "apt-get install bubblewrap" in warnings[0]
+
+
+@linux_only
+@needs_bwrap
+def test_bubblewrap_view_is_read_only_minimal_and_private():
+    src = (
+        "import os, sys\n"
+        "print(sorted(os.listdir('/')))\n"
+        "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"
+        "print(sorted(os.environ))\n"
+        f"print(os.path.exists({str(Path(__file__).resolve())!r}), os.path.exists('/work'), os.path.exists('/etc/passwd'))\n"
+        "print(os.listdir(os.path.join(sys.base_prefix, 'lib', 'python%d.%d' % sys.version_info[:2], 'site-packages')))\n"
+        "for path in ('/usr/x', sys.base_prefix + '/x', '/x'):\n"
+        "    try:\n"
+        "        open(path, 'w')\n"
+        "        print('WROTE', path)\n"
+        "    except OSError as e:\n"
+        "        print(type(e).__name__)\n"
+    )
+    r = run_python(src, SandboxLimits(timeout_s=5.0, backend="bwrap"))
+    assert r.ok, r.stderr
+    root, pids, env, exists, site, *writes = r.stdout.splitlines()
+    assert set(eval(root)) <= {
+        "bin",
+        "dev",
+        "etc",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "proc",
+        "root",
+        "sbin",
+        "tmp",
+        "usr",
+    }
+    assert eval(pids) == ["1", "2"]  # bwrap's init and the program: nothing of the host
+    assert set(eval(env)) <= {*sandbox._child_env("/tmp"), "PWD"}
+    assert exists == "False False False"
+    assert site == "[]"
+    assert writes == ["OSError"] * 3 or all(w in ("OSError", "PermissionError") for w in writes)
+
+
+@linux_only
+@pytest.mark.parametrize("backend", ["auto", "unshare"])
+def test_file_size_and_disk_limits(backend):
+    src = (
+        "import os\n"
+        "try:\n"
+        "    open('big', 'wb').write(b'x' * (2 << 20))\n"
+        "    print('big written')\n"
+        "except OSError as e:\n"
+        "    print('big', e.errno)\n"
+        "n = 0\n"
+        "try:\n"
+        "    for n in range(64):\n"
+        "        with open('part%d' % n, 'wb') as f:\n"
+        "            f.write(b'x' * (512 << 10))\n"
+        "    print('parts written')\n"
+        "except OSError as e:\n"
+        "    print('disk full after', n)\n"
+    )
+    limits = SandboxLimits(timeout_s=5.0, max_file_bytes=1 << 20, max_disk_bytes=4 << 20, backend=backend)
+    r = run_python(src, limits)
+    lines = r.stdout.splitlines()
+    assert lines[0] == "big 27"  # EFBIG: RLIMIT_FSIZE
+    if r.backend == "bwrap":
+        assert lines[1].startswith("disk full after") and int(lines[1].split()[-1]) <= 8  # the 4 MiB tmpfs
+
+
+@linux_only
+@pytest.mark.parametrize("backend", ["auto", "unshare"])
+def test_audit_hook_settings_cannot_be_changed(backend):
+    src = (
+        "import gc, os, sys\n"
+        "main = sys.modules['__main__']\n"
+        "for cfg in [v for v in vars(main).values() if isinstance(v, dict)]:\n"
+        "    cfg.update(allow_subprocesses=True, allow_network=True, restrict_writes=False)\n"
+        "hooks = [f for f in gc.get_objects() if callable(f) and getattr(f, '__name__', '') == '_hook']\n"
+        "print(len(hooks))\n"
+        "try:\n"
+        "    hooks[0].__code__ = (lambda event, args: None).__code__\n"
+        "    print('CHANGED')\n"
+        "except PermissionError:\n"
+        "    print('refused')\n"
+        "try:\n"
+        "    os.fork()\n"
+        "    print('FORKED')\n"
+        "except PermissionError:\n"
+        "    print('fork refused')\n"
+    )
+    r = run_python(src, SandboxLimits(timeout_s=5.0, backend=backend))
+    assert r.stdout.splitlines() == ["1", "refused", "fork refused"], (r.stdout, r.stderr)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Sessions and the plain-data codec
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        0,
+        -(10**30),
+        1.5,
+        float("inf"),
+        2j,
+        "é\ud800",
+        b"\x00\xff",
+        [1, [2]],
+        (1, (2,)),
+        {1, (2, 3)},
+        frozenset({"a"}),
+        {"k": [1], (1, 2): {3}},
+    ],
+)
+def test_codec_round_trip(value):
+    data = json.loads(json.dumps(encode_value(value)))
+    out = decode_value(data)
+    assert out == value and type(out) is type(value)
+
+
+def test_codec_refuses_non_plain_values_and_data():
+    class Int(int):
+        pass
+
+    for bad in (Int(1), object(), [print], {"a": Int(2)}):
+        with pytest.raises(TypeError, match="only plain built-in values"):
+            encode_value(bad)
+    for bad in ({"x": 1}, {"t": 1}, {"s": [[1]]}, {"d": [[1]]}, {"c": [1, 2]}, {"b": 1}, {"t": [], "s": []}):
+        with pytest.raises(ValueError):
+            decode_value(bad)
+
+
+def test_session_calls_times_out_and_reports_errors():
+    src = "import time\ndef f(x, mode='ok'):\n    if mode == 'sleep':\n        time.sleep(10)\n    if mode == 'raise':\n        raise KeyError(x)\n    if mode == 'object':\n        return object()\n    return [x, {x}]\n"
+    with SandboxSession(src, "f", FAST) as s:
+        assert s.load_error is None
+        assert s.call([1]) == CallOutcome("value", [1, {1}])
+        assert s.call([2], {"mode": "raise"}) == CallOutcome("error", error="KeyError: 2")
+        out = s.call([3], {"mode": "object"})
+        assert out.status == "error" and "only plain built-in values" in out.error
+        assert s.call([lambda: 0]).status == "error"  # arguments must be plain too
+        start = time.monotonic()
+        assert s.call([4], {"mode": "sleep"}, timeout_s=0.3).status == "timeout"
+        assert time.monotonic() - start < 1.5 and not s.alive
+        assert s.call([5]).status == "lost"
+    bad = SandboxSession("raise ValueError('at definition')\ndef f():\n    pass\n", "f", FAST)
+    assert bad.load_error == "ValueError: at definition" and not bad.alive
+    assert SandboxSession("x = 1\n", "f", FAST).load_error == "NameError: f is not defined"
+
+
+def test_session_reply_size_is_bounded():
+    with SandboxSession(
+        "def f(n):\n    return 'x' * n\n", "f", SandboxLimits(timeout_s=2.0, max_output_bytes=1000)
+    ) as s:
+        assert s.call([10]).value == "x" * 10
+        out = s.call([5000])
+        assert out.status == "lost" and "exceeded 1000 bytes" in out.error
+
+
+def test_stale_directories_are_removed_by_owner_marker_only(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / "trl_marl_sandbox_stale"
+    (stale / "work").mkdir(parents=True)
+    (stale / "owner.json").write_text(json.dumps({"pid": dead_pid, "start": "1", "uid": os.geteuid()}))
+    live = tmp_path / "trl_marl_sandbox_live"
+    live.mkdir()
+    me = {"pid": os.getpid(), "start": sandbox._process_start_time(os.getpid()), "uid": os.geteuid()}
+    (live / "owner.json").write_text(json.dumps(me))
+    unmarked = tmp_path / "trl_marl_sandbox_unmarked"
+    unmarked.mkdir()
+    other = tmp_path / "someone_else"
+    other.mkdir()
+    (other / "owner.json").write_text(json.dumps({"pid": dead_pid, "start": "1", "uid": os.geteuid()}))
+    assert cleanup_stale_dirs(str(tmp_path), force=True) == [str(stale)]
+    assert not stale.exists() and live.exists() and unmarked.exists() and other.exists()

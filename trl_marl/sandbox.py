@@ -40,8 +40,9 @@ fallback (with ONE warning per process saying how to install bubblewrap), else n
 and a parent-death signal (`PR_SET_PDEATHSIG`, set before `unshare` starts) so that nothing outlives the trainer.
 The program runs in a fresh host temporary directory (`trl_marl_sandbox_*/work`, owner-marked and removed at
 the end of the run; directories left by a SIGKILLed trainer are removed by the next run in any process of the
-same user, checked by their owner marker, never by name alone). Writes outside it are refused by the audit hook
-(below), by path.
+same user, checked by their owner marker, never by name alone). In the run's mount namespace the bootstrap binds
+that directory onto itself and remounts every other mount read-only (best effort), so the kernel refuses writes
+elsewhere; the audit hook (below) also checks write paths.
 
 **none**: a plain subprocess with the audit hook and the resource limits only.
 
@@ -49,13 +50,14 @@ same user, checked by their owner marker, never by name alone). Writes outside i
 
 - A bootstrap that runs before the program sets `RLIMIT_CPU`, `RLIMIT_AS`, `RLIMIT_FSIZE`, `RLIMIT_NOFILE`,
   `RLIMIT_NPROC`, `RLIMIT_CORE=0`, and installs a Python audit hook (`sys.addaudithook`, which cannot be removed)
-  whose settings are constants bound as default arguments (changing a function's `__code__` / `__defaults__` is
-  itself refused). It raises `PermissionError` on: every `socket.*` event (unless `allow_network`); process
-  creation (`os.fork`, `os.exec*`, `os.posix_spawn*`, `os.system`, `subprocess.Popen`, and
-  `_posixsubprocess.fork_exec`, which has no audit event and is replaced), signals to other processes and `ctypes`
-  (unless `allow_subprocesses`). Outside bubblewrap, also writes outside the working directory (`open` for writing,
-  `sqlite3.connect`, remove, rename, mkdir, chmod, chown, link, symlink, truncate, utime, `shutil.rmtree`, and
-  `os.mkfifo` / `os.mknod`, which are replaced) unless `restrict_writes=False`.
+  whose settings are literal constants of its code (no data structure of the process switches a check off, and
+  replacing a function's `__code__` is refused). It raises `PermissionError` on: every `socket.*` event (unless
+  `allow_network`); process creation (`os.fork`, `os.exec*`, `os.posix_spawn*`, `os.system`, `subprocess.Popen`,
+  and `_posixsubprocess.fork_exec`, which has no audit event and is replaced), signals to other processes and
+  `ctypes` (unless `allow_subprocesses`). Outside bubblewrap, also writes outside the working directory (`open`
+  for writing, `sqlite3.connect`, remove, rename, mkdir, chmod, chown, link, symlink, truncate, utime,
+  `shutil.rmtree`, and `os.mkfifo` / `os.mknod` / `os.open(..., dir_fd=...)`, which are wrapped to raise a checked
+  event) unless `restrict_writes=False`.
 - The interpreter runs isolated (`-I -B`, plus `-S` unless `site_packages`), stdin is `/dev/null`.
 - stdout and stderr (and a session's replies) are read concurrently and bounded by `max_output_bytes`; more kills
   the run. At the wall-clock deadline, on overflow and after every normal exit the whole process group is
@@ -63,17 +65,16 @@ same user, checked by their owner marker, never by name alone). Writes outside i
 
 ## What is NOT protected against
 
-- bubblewrap: a kernel exploit (there is no seccomp filter); reading what the read-only view shows (the
-  interpreter and the standard library, world-readable system files under `/usr`); CPU and memory are bounded per
-  process (rlimits), not per run (no cgroups); as root (uid 0 outside), Linux does not enforce `RLIMIT_NPROC`, so
-  process creation is stopped only by the audit hook (the default `allow_subprocesses=False`) and by the PID
-  namespace's end at the deadline.
-- unshare fallback: everything above, plus: the program can READ every file the trainer's user can read (e.g.
-  the HumanEval data with its canonical solutions, or credential files in `$HOME`); the write restriction is a
-  Python-level path check, so native code (any C extension importable by the child) or tampering with the
-  pure-Python `os.path` helpers the check relies on can escape it; writes relative to a directory descriptor
-  through `os.open(..., dir_fd=...)` are checked relative to the working directory only; disk usage is bounded
-  per file (`RLIMIT_FSIZE`), not in total.
+- Every backend: a kernel exploit (there is no seccomp filter); CPU and memory are bounded per process (rlimits),
+  not per run (no cgroups); as root (uid 0 outside), Linux does not enforce `RLIMIT_NPROC`, so process creation is
+  stopped only by the audit hook (the default `allow_subprocesses=False`) and by the PID namespace's end at the
+  deadline. The audit hook is a Python-level guard: native code, or a program that patches the builtins and the
+  modules the hook calls (`os`, `os.path`), can get past it; the namespaces and mounts are the boundary.
+- bubblewrap: reading what the read-only view shows (the interpreter, the standard library, `/usr`).
+- unshare fallback: the program can READ every file the trainer's user can read (e.g. the HumanEval data with its
+  canonical solutions, or credential files in `$HOME`); the read-only remount is best effort (a mount that cannot
+  be remounted keeps its mode, guarded by the hook's path check only); disk usage is bounded per file
+  (`RLIMIT_FSIZE`), not in total.
 - none: no filesystem, network or process isolation other than the audit hook.
 - Inside a PID namespace the program is process 1: signals it sends itself are ignored by the kernel and
   `SIGXCPU` / `SIGXFSZ` do not kill it (writes past `RLIMIT_FSIZE` fail with `OSError`; the CPU limit kills with
@@ -404,62 +405,87 @@ _limit(resource.RLIMIT_NOFILE, _cfg["max_open_files"])
 if hasattr(resource, "RLIMIT_NPROC"):
     _limit(resource.RLIMIT_NPROC, _cfg["max_processes"])
 
-def _make_hook(net, sub, writes, tmp):
-    # Every setting is a constant bound as a default argument: nothing mutable is reachable from the hook, and
-    # replacing a function's __code__ / __defaults__ is refused below.
-    dev_ok = frozenset(("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/fd/1", "/dev/fd/2"))
-    proc_events = frozenset(("os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-                             "os.startfile", "subprocess.Popen", "pty.spawn"))
-    # event -> (index of a path argument, index of its dir_fd argument or -1)
-    fs_events = {"os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),),
-                 "os.chown": ((0, 3),), "os.truncate": ((0, -1),), "os.utime": ((0, 3),),
-                 "os.rename": ((0, 2), (1, 3)), "os.link": ((0, 2), (1, 3)), "os.symlink": ((1, 2),),
-                 "shutil.rmtree": ((0, 1),), "os.setxattr": ((0, -1),), "os.removexattr": ((0, -1),),
-                 "os.chflags": ((0, -1),), "os.lchflags": ((0, -1),), "sqlite3.connect": ((0, -1),),
-                 "os.mkfifo": ((0, 1),), "os.mknod": ((0, 1),)}
-    fs_events = tuple(fs_events.items())
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+def _readonly_root(work):
+    # The unshare fallback: in the run's own mount namespace, make every mount read-only except the working
+    # directory (bound onto itself first), so that the kernel refuses writes elsewhere whatever Python-level trick
+    # the program tries. Best effort: a mount that cannot be remounted stays as it was (the audit hook still checks).
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    ms = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
+    ms_rdonly, ms_remount, ms_bind, ms_rec = 1, 32, 4096, 16384
+    if libc.mount(work.encode(), work.encode(), None, ms_bind | ms_rec, None) != 0:
+        return
+    os.chdir(work)  # the working directory must resolve through the new mount
+    with open("/proc/self/mountinfo") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        fields = line.split(" ")
+        point = fields[4].encode().decode("unicode_escape").encode("latin-1")
+        if point.decode("utf-8", "replace") == work:
+            continue
+        flags = ms_remount | ms_bind | ms_rdonly
+        for opt in fields[5].split(","):
+            flags |= ms.get(opt, 0)
+        libc.mount(None, point, None, flags, None)
+    for name in [m for m in sys.modules if m == "_ctypes" or m == "ctypes" or m.startswith("ctypes.")]:
+        del sys.modules[name]
 
-    def inside(path, dir_fd, _tmp=tmp, _dev_ok=dev_ok, _fsdecode=os.fsdecode, _readlink=os.readlink,
-               _realpath=os.path.realpath, _sep=os.sep):
-        if isinstance(path, int):
-            return True
-        p = _fsdecode(path)
-        if p in _dev_ok or p == ":memory:" or p == "":
-            return True
-        if not p.startswith("/") and dir_fd is not None:
-            try:
-                p = _readlink("/proc/self/fd/%d" % dir_fd) + "/" + p
-            except OSError:
-                return False
-        real = _realpath(p)
-        return real == _tmp or real.startswith(_tmp + _sep) or real in _dev_ok
+_WORK = os.path.realpath(os.getcwd())
+if _cfg["readonly_root"]:
+    try:
+        _readonly_root(_WORK)
+    except Exception:
+        pass
+del _readonly_root
 
-    def hook(event, args, _net=net, _sub=sub, _writes=writes, _proc=proc_events, _fs=dict(fs_events),
-             _flags=write_flags, _inside=inside, _getpid=os.getpid, _getpgrp=os.getpgrp):
-        if event == "object.__setattr__" and len(args) >= 2 and args[1] in ("__code__", "__defaults__",
-                                                                            "__kwdefaults__"):
-            raise PermissionError("changing %s is not allowed in the trl_marl sandbox" % args[1])
-        if not _net and event.startswith("socket."):
+def _inside(path, dir_fd):
+    if isinstance(path, int):
+        return True
+    p = os.fsdecode(path)
+    if p in ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/fd/1", "/dev/fd/2", ":memory:", ""):
+        return True
+    if not p.startswith("/") and dir_fd is not None:
+        try:
+            p = os.readlink("/proc/self/fd/%d" % dir_fd) + "/" + p
+        except OSError:
+            return False
+    real = os.path.realpath(p)
+    return real == _WORK or real.startswith(_WORK + "/") or real in ("/dev/null", "/dev/stdout", "/dev/stderr")
+
+# The hook's settings are literal constants of its code (substituted for @NAME@ when the bootstrap is built), so
+# no data structure of this process can switch a check off; replacing a function's __code__ is refused.
+def _hook(event, args):
+    if event == "object.__setattr__" and args[1] == "__code__":
+        raise PermissionError("changing __code__ is not allowed in the trl_marl sandbox")
+    if @BLOCK_NETWORK@ and event.startswith("socket."):
+        raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
+    if @BLOCK_PROCESSES@:
+        if event.startswith("ctypes.") or event in {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
+                                                    "os.system", "os.startfile", "subprocess.Popen", "pty.spawn"}:
             raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
-        if not _sub:
-            if event in _proc or event.startswith("ctypes."):
-                raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
-            if event in ("os.kill", "os.killpg") and args[0] not in (0, _getpid(), _getpgrp()):
-                raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
-        if _writes:
-            if event == "open" and len(args) >= 3:
-                path, mode, flags = args[0], args[1], args[2]
-                writing = (isinstance(flags, int) and flags & _flags) or (
-                    isinstance(mode, str) and any(c in mode for c in "wax+"))
-                if writing and path is not None and not _inside(path, None):
-                    raise PermissionError("writing to %r is not allowed in the trl_marl sandbox" % (path,))
-            elif event in _fs:
-                for i, fd_i in _fs[event]:
-                    dir_fd = args[fd_i] if 0 <= fd_i < len(args) else None
-                    if i < len(args) and not _inside(args[i], dir_fd if isinstance(dir_fd, int) else None):
-                        raise PermissionError("%s on %r is not allowed in the trl_marl sandbox" % (event, args[i]))
-    return hook
+        if event in {"os.kill", "os.killpg"} and args[0] not in (0, os.getpid(), os.getpgrp()):
+            raise PermissionError("%s is not allowed in the trl_marl sandbox" % event)
+    if @CHECK_WRITES@:
+        if event == "open" and len(args) >= 3:
+            path, mode, flags = args[0], args[1], args[2]
+            writing = (isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC |
+                                                           os.O_APPEND)) or (
+                isinstance(mode, str) and any(c in mode for c in "wax+"))
+            if writing and path is not None and not _inside(path, None):
+                raise PermissionError("writing to %r is not allowed in the trl_marl sandbox" % (path,))
+        elif event in {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
+                       "os.rename", "os.link", "os.symlink", "shutil.rmtree", "os.setxattr", "os.removexattr",
+                       "os.chflags", "os.lchflags", "sqlite3.connect", "os.mkfifo", "os.mknod",
+                       "trl_marl.open_at"}:
+            # event -> (index of a path argument, index of its dir_fd argument or -1)
+            where = {"os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),), "os.chmod": ((0, 2),),
+                     "os.chown": ((0, 3),), "os.utime": ((0, 3),), "os.rename": ((0, 2), (1, 3)),
+                     "os.link": ((0, 2), (1, 3)), "os.symlink": ((1, 2),), "shutil.rmtree": ((0, 1),),
+                     "os.mkfifo": ((0, 1),), "os.mknod": ((0, 1),), "trl_marl.open_at": ((0, 1),)}
+            for i, fd_i in where.get(event, ((0, -1),)):
+                dir_fd = args[fd_i] if 0 <= fd_i < len(args) else None
+                if i < len(args) and not _inside(args[i], dir_fd if isinstance(dir_fd, int) else None):
+                    raise PermissionError("%s on %r is not allowed in the trl_marl sandbox" % (event, args[i]))
 
 def _deny(name):
     def denied(*a, **k):
@@ -474,20 +500,23 @@ if not _cfg["allow_subprocesses"]:
         pass
 if _cfg["restrict_writes"]:
     import posix
-    # os.mkfifo / os.mknod raise no audit event: route them through one that the hook checks.
-    def _with_event(name, fn):
-        def checked(path, *a, _fn=fn, _name=name, _audit=sys.audit, **k):
-            _audit(_name, path, k.get("dir_fd"))
+    # os.mkfifo / os.mknod raise no audit event, and os.open's "open" event omits dir_fd: route them through an
+    # event that the hook checks (with its dir_fd).
+    def _with_event(name, fn, flagged):
+        def checked(path, *a, _fn=fn, _name=name, _audit=sys.audit, _flagged=flagged,
+                    _w=os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, **k):
+            if not _flagged or (k.get("dir_fd") is not None and (a[0] if a else k.get("flags", 0)) & _w):
+                _audit(_name, path, k.get("dir_fd"))
             return _fn(path, *a, **k)
         return checked
-    for _name in ("mkfifo", "mknod"):
+    for _name, _event, _flagged in (("mkfifo", "os.mkfifo", False), ("mknod", "os.mknod", False),
+                                    ("open", "trl_marl.open_at", True)):
         if hasattr(posix, _name):
-            _w = _with_event("os." + _name, getattr(posix, _name))
+            _w = _with_event(_event, getattr(posix, _name), _flagged)
             setattr(posix, _name, _w)
             setattr(os, _name, _w)
-sys.addaudithook(_make_hook(_cfg["allow_network"], _cfg["allow_subprocesses"], _cfg["restrict_writes"],
-                            os.path.realpath(os.getcwd())))
-del _make_hook, _deny
+sys.addaudithook(_hook)
+del _deny
 
 """
     + _CODEC
@@ -649,9 +678,15 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
         "allow_network": limits.allow_network,
         "allow_subprocesses": limits.allow_subprocesses,
         "restrict_writes": limits.restrict_writes and backend != "bwrap",
+        "readonly_root": limits.restrict_writes and backend == "unshare",
         "serve": serve,
     }
-    python = [*_interpreter(limits), "-c", _BOOTSTRAP, json.dumps(config)]
+    bootstrap = (
+        _BOOTSTRAP.replace("@BLOCK_NETWORK@", repr(not limits.allow_network))
+        .replace("@BLOCK_PROCESSES@", repr(not limits.allow_subprocesses))
+        .replace("@CHECK_WRITES@", repr(config["restrict_writes"]))
+    )
+    python = [*_interpreter(limits), "-c", bootstrap, json.dumps(config)]
     pipes = {
         "stdin": subprocess.PIPE if serve else subprocess.DEVNULL,
         "stdout": subprocess.PIPE,
@@ -672,7 +707,7 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
                 cmd += ["--setenv", k, v]
             cmd += _bwrap_filesystem(limits)
             cmd += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.max_disk_bytes), "--tmpfs", "/tmp"]
-            cmd += ["--file", str(memfd), "/tmp/main.py", "--chdir", "/tmp", "--", *python]
+            cmd += ["--file", str(memfd), "/tmp/main.py", "--remount-ro", "/", "--chdir", "/tmp", "--", *python]
             proc = subprocess.Popen(
                 cmd, env={}, pass_fds=(memfd,), start_new_session=True, preexec_fn=_set_parent_death_signal, **pipes
             )

@@ -7,15 +7,20 @@ first `eval_size` form the evaluation split.
 
 Each agent's completion is reduced to one function (see `extract_function`): the first fenced code block (or,
 failing that, the text from the first code line, or the whole text) that parses and defines the agent's function at
-top level, keeping that function and the block's top-level imports and dropping everything else (so agent 2 cannot bring its own `aux`, and stray prints or tests never
-run). The program that is tested is the problem's own context (its imports and helper functions, e.g.
-`encode_cyclic`), then agent 1's `aux`, then agent 2's entry point. It runs in `trl_marl.sandbox` with the
-problem's `check` split into its individual test statements (each top-level statement of `check` that contains
-an `assert` and calls `candidate`; statements without a call to `candidate`, such as `assert True`, are not
-tests), each under its own time limit, so that the fraction of passed tests is meaningful. A test passes only
-if the entry point returns plain built-in values (exact `int`, `float`, `complex`, `str`, `bytes`, `bool`,
-`None`, `list`, `tuple`, `dict`, `set`, `frozenset`, recursively), which stops objects with an always-true
-`__eq__` from passing every assert.
+top level, keeping that function and the block's top-level imports and dropping everything else (so agent 2 cannot
+bring its own `aux`, and stray prints or tests never run). The program that is tested is the problem's own context
+(its imports and helper functions, e.g. `encode_cyclic`), then agent 1's `aux`, then agent 2's entry point.
+
+The verdict is computed where the program cannot reach it. The problem's `check` is split into its individual test
+statements (each top-level statement of `check` that contains an `assert` and calls `candidate`; statements
+without a call to `candidate`, such as `assert True`, are not tests), each under its own time limit, so that the
+fraction of passed tests is meaningful. `check` runs in the TRAINER's process (`_Harness`); `candidate` is a
+proxy that sends each call's arguments to the program, which runs in a `trl_marl.sandbox.SandboxSession`, and gets
+back the returned value as plain data (`None`, `bool`, `int`, `float`, `complex`, `str`, `bytes`, `list`,
+`tuple`, `dict`, `set`, `frozenset`, recursively) or the exception as text. Every comparison happens in the
+trainer, so an object with an always-true `__eq__`, a patched builtin or a forged report cannot pass a test: the
+sandboxed process holds nothing that can produce a "passed". Tests that need more than returned values (argument
+mutation, object identity) fail closed; none of HumanEval's 164 problems does.
 
 The joint reward is level-gated (after the reference environment); the maximum is 4.0 and the minimum 0.0:
 
@@ -38,7 +43,8 @@ agents' functions must parse.
 
 Multi-turn: `CodeFeedbackTransition` (`code_feedback_transition`) gives each agent the previous round's code of
 both agents and its test results (syntax errors, failing test statements with the value the entry point
-returned or the exception, timeouts). Note that this shows the problem's hidden tests to the agents in later
+returned or the exception, timeouts), built from the trusted results, bounded, and with the values of
+secret-looking variables of the trainer's environment redacted. Note that this shows the problem's hidden tests to the agents in later
 turns. The transition returns complete prompts; the formatters pass such a prompt through unchanged (they
 recognise it because `item["prompt"]` then differs from `item["problem"]`), so the task works with and without
 `external_prompt_passthrough`.
@@ -453,13 +459,17 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH", re.I)
 
 
 def _redact(text: str) -> str:
-    """`text` bounded in length, with the value of every secret-looking variable of the trainer's environment
-    replaced (defence in depth: the sandbox has no access to the environment in the first place)."""
-    text = text if len(text) <= _MAX_DETAIL_CHARS else text[: _MAX_DETAIL_CHARS - 15] + "... (truncated)"
+    """`text` with the value of every secret-looking variable of the trainer's environment replaced (defence in
+    depth: the sandbox has no access to that environment in the first place)."""
     for name, value in os.environ.items():
         if len(value) >= 6 and _SECRET_NAME.search(name) and value in text:
             text = text.replace(value, "<redacted>")
     return text
+
+
+def _detail(text: str) -> str:
+    """A test outcome's detail: bounded and redacted."""
+    return _redact(text if len(text) <= _MAX_DETAIL_CHARS else text[: _MAX_DETAIL_CHARS - 15] + "... (truncated)")
 
 
 def _test_builtins(private_seed: int) -> dict:
@@ -516,7 +526,7 @@ class _Harness:
         ev, prepared = self.evaluator, self.prepared
         load_error = self._open(min(self.deadline - time.monotonic(), ev.test_timeout_s + _STARTUP_S))
         if load_error is not None:
-            load_error = _redact(load_error)
+            load_error = _detail(load_error)
             return [TestOutcome(src, "not_run", f"not run: {load_error}") for src in prepared.tests], load_error
         namespace: dict[str, Any] = {
             "__name__": "tests",
@@ -541,7 +551,7 @@ class _Harness:
         finally:
             if self.session is not None:
                 self.session.close()
-        why = _redact(f"not run: {self.stop_reason or 'the tests stopped'}")
+        why = _detail(f"not run: {self.stop_reason or 'the tests stopped'}")
         return [self.outcomes.get(k) or TestOutcome(src, "not_run", why) for k, src in enumerate(prepared.tests)], None
 
     def candidate(self, *args, **kwargs):
@@ -605,7 +615,7 @@ class _Harness:
                 got = "<unprintable>"
             detail = f"returned {got}" if detail in ("", "AssertionError") else f"{detail} (returned {got})"
         status = "failed" if isinstance(e, AssertionError) else "error"
-        self.outcomes[k] = TestOutcome(source, status, _redact(detail))
+        self.outcomes[k] = TestOutcome(source, status, _detail(detail))
         if self.stop_reason is not None:
             raise _Stop()
 
@@ -902,7 +912,7 @@ def feedback_text(ev: CodeEvaluation, agent: int, entry_point: str) -> str:
             lines.append(f"- `{entry_point}` does not use `{AUX_NAME}`.")
         elif ev.trivial_wrapper:
             lines.append(f"- `{entry_point}` only returns `{AUX_NAME}(...)`; it should do part of the work itself.")
-    return "\n".join(lines)
+    return _redact("\n".join(lines))
 
 
 class CodeFeedbackTransition:
