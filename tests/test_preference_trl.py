@@ -399,3 +399,62 @@ def test_reward_model_path_must_be_a_sequence_classification_model(make_args, ti
         make_args(MARLHFConfig, reward_model_path=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="iterative trainers fit a NEW reward model"):
         make_args(MARLHFIterConfig, reward_model_path=tiny_path)
+
+
+# ---------------------------------------------------------------- train elsewhere, come back
+def test_train_elsewhere_round_trip_with_trl_trainers(make_args, items, tiny_path, tmp_path):
+    """Collect pairs with MADPOTrainer, export them, train a reward model with TRL's RewardTrainer, save it, train
+    MARLHF on it (`reward_model_path`); and run TRL's DPOTrainer on one agent's exported columns."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from trl import DPOConfig, DPOTrainer, RewardConfig, RewardTrainer
+
+    from trl_marl import MARLHFConfig, MARLHFTrainer
+
+    collector = MADPOTrainer(
+        agent_model=tiny_path,
+        reward_func=length_reward,
+        args=make_args(MADPOConfig, preference_num_candidates=3),
+        train_dataset=items,
+    )
+    pairs = collector.collect_preference_pairs()
+    joint, agent0 = to_dataset(pairs), to_dataset(pairs, agent=0)
+    common = dict(report_to="none", save_strategy="no", use_cpu=True, bf16=False, max_steps=3, logging_steps=1)
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_path, num_labels=1)
+    rm.config.pad_token_id = tok.pad_token_id
+    reward_trainer = RewardTrainer(
+        model=rm,
+        args=RewardConfig(output_dir=str(tmp_path / "rm"), per_device_train_batch_size=4, **common),
+        train_dataset=joint,
+        processing_class=tok,
+    )
+    reward_trainer.train()
+    reward_trainer.save_model(str(tmp_path / "rm"))
+
+    task_calls = []
+
+    def task_reward(c1, c2):
+        task_calls.append(len(c1))
+        return length_reward(c1, c2)
+
+    args = make_args(MARLHFConfig, reward_model_path=str(tmp_path / "rm"), max_steps=1)
+    t = MARLHFTrainer(agent_model=tiny_path, reward_func=task_reward, args=args, train_dataset=items)
+    t.train()
+    assert t.state.global_step == 1 and not task_calls  # no collection, no fit: the RL rewards are the model's
+    with torch.no_grad():
+        text = joint[0]["prompt"] + joint[0]["chosen"]
+        direct = rm.eval()(**tok(text + tok.eos_token, return_tensors="pt")).logits.item()
+    assert t.reward_model.score([pairs[0].prompts], [pairs[0].winner_completions])[0] == pytest.approx(
+        direct, abs=1e-4
+    )
+
+    dpo = DPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_path),
+        ref_model=AutoModelForCausalLM.from_pretrained(tiny_path),
+        args=DPOConfig(output_dir=str(tmp_path / "dpo"), per_device_train_batch_size=4, **common),
+        train_dataset=agent0,
+        processing_class=tok,
+    )
+    dpo.train()
+    assert dpo.state.global_step == 3 and "rewards/margins" in dpo.state.log_history[0]
