@@ -8,7 +8,7 @@ import torch
 from transformers import AutoTokenizer
 
 from trl_marl import MADPOConfig, MADPOTrainer
-from trl_marl.trainers.preference import PreferencePair
+from trl_marl.trainers.preference import JointRewardModel, PreferencePair
 from trl_marl.trainers.preference.pairs import joint_prompt_text, joint_response_text, to_dataset
 from trl_marl.trainers.preference.reward_model import joint_text
 
@@ -349,8 +349,6 @@ def test_reward_model_fit_is_trls_reward_trainer_on_the_exported_dataset(tiny_pa
     text form TRL tokenizes itself): the fit IS TRL's, and fit and scoring read the tokens TRL reads."""
     from trl import RewardConfig, RewardTrainer
 
-    from trl_marl.trainers.preference import JointRewardModel
-
     pairs = _synthetic_pairs()
     ours = JointRewardModel.from_pretrained(tiny_path, seed=3)
     before = torch.get_rng_state()
@@ -458,3 +456,45 @@ def test_train_elsewhere_round_trip_with_trl_trainers(make_args, items, tiny_pat
     )
     dpo.train()
     assert dpo.state.global_step == 3 and "rewards/margins" in dpo.state.log_history[0]
+
+
+def _launch(config: str, script: str, *args: str):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(root / "accelerate_configs" / f"{config}.yaml"),
+        str(root / "tests" / "scripts" / script),
+        *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["multi_cpu", "zero2_cpu"])
+def test_reward_model_fit_is_sharded_over_processes(tmp_path, tiny_path, config):
+    """2 processes (DDP / ZeRO-2): the RewardTrainer stage shards the pairs (each process takes half of every
+    batch: half the steps of a 1-process fit) and the fitted weights are equal on both ranks."""
+    import json
+
+    _launch(config, "dist_reward_model.py", str(tmp_path), "16", "1")
+    infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(i["num_processes"] == 2 for i in infos)
+    # 16 pairs, 4 per process per step, 2 processes: 2 steps (a single process takes 4)
+    assert [i["steps"] for i in infos] == [2, 2]
+    assert infos[0]["metrics"] == infos[1]["metrics"]
+    w0, w1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert w0.keys() == w1.keys()
+    for k in w0:
+        torch.testing.assert_close(w0[k], w1[k], msg=k)
+    fresh = JointRewardModel.from_pretrained(tiny_path, seed=0).model.state_dict()
+    assert any(not torch.allclose(fresh[k], w0[k]) for k in w0)  # it was trained
