@@ -1,6 +1,11 @@
 """MADPO throughput: preference pairs collected per second and training pairs per second (tiny Llama, 1 thread).
 
     python benchmarks/preference.py            # writes benchmarks/results/preference.json
+    python benchmarks/preference.py --reward-fit   # writes benchmarks/results/reward_fit.json
+
+`--reward-fit` times MARLHF's joint reward-model fit on the same pairs and epochs, in the same run: through TRL's
+`RewardTrainer` (what `JointRewardModel.fit` does now) against the hand-written AdamW loop it replaced (kept below
+as the baseline), and the TRL fit under 1 and 2 processes (`accelerate launch`, DDP over gloo).
 
 In the same run it times the margin computation two ways on the same pairs: ONE masked forward per agent over the
 batch's winners and losers together (what `MADPOTrainer` does) and one forward per sequence (what the reference
@@ -24,8 +29,15 @@ def main(argv=None) -> dict:
     p.add_argument("--candidates", type=int, default=4)
     p.add_argument("--batch", type=int, default=8, help="pairs per training step")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "preference.json"))
+    p.add_argument("--output", default=None)
+    p.add_argument("--reward-fit", action="store_true", help="time the joint reward-model fit (TRL vs the old loop)")
+    p.add_argument("--pairs", type=int, default=128, help="--reward-fit: preference pairs")
+    p.add_argument("--epochs", type=int, default=2, help="--reward-fit: epochs")
+    p.add_argument("--repeats", type=int, default=3, help="--reward-fit: timed repeats (the best is kept)")
     args = p.parse_args(argv)
+    if args.reward_fit:
+        return reward_fit(args)
+    args.output = args.output or str(ROOT / "benchmarks" / "results" / "preference.json")
     for k, v in {"HF_HUB_OFFLINE": "1", "CI": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
         os.environ.setdefault(k, v)
     import torch
@@ -119,6 +131,116 @@ def main(argv=None) -> dict:
     for k, v in report.items():
         if k != "config":
             print(f"{k:40s} {v:.4f}" if isinstance(v, float) else f"{k:40s} {v}")
+    return report
+
+
+def _legacy_fit(rm, pairs, learning_rate, num_epochs, batch_size, seed=0) -> list[float]:
+    """The hand-written loop `JointRewardModel.fit` used before it called TRL's RewardTrainer (the baseline)."""
+    import random
+
+    import torch
+
+    from trl_marl.algorithms.losses import bradley_terry_loss
+    from trl_marl.trainers.preference.reward_model import joint_text
+
+    opt = torch.optim.AdamW([p for p in rm.model.parameters()], lr=learning_rate)
+    order = list(range(len(pairs)))
+    rng = random.Random(seed)
+    losses = []
+    rm.train()
+    for _ in range(num_epochs):
+        rng.shuffle(order)
+        for start in range(0, len(order), batch_size):
+            chunk = [pairs[k] for k in order[start : start + batch_size]]
+            texts = [joint_text(p.prompts, p.winner_completions) for p in chunk] + [
+                joint_text(p.prompts, p.loser_completions) for p in chunk
+            ]
+            chosen, rejected = rm(**rm.encode(texts)).chunk(2)
+            loss = bradley_terry_loss(chosen, rejected)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    rm.eval()
+    # the old fit_reward_model then scored every pair's winner and loser for `reward_model/pair_accuracy`
+    w = rm.score([p.prompts for p in pairs], [p.winner_completions for p in pairs])
+    lo = rm.score([p.prompts for p in pairs], [p.loser_completions for p in pairs])
+    losses.append(sum(a > b for a, b in zip(w, lo)) / len(w))
+    return losses
+
+
+def reward_fit(args) -> dict:
+    """TRL RewardTrainer fit vs the old loop (same pairs, epochs, batch; 1 process), then TRL under 1 vs 2
+    processes."""
+    import subprocess
+    import sys
+    import tempfile
+
+    for k, v in {"HF_HUB_OFFLINE": "1", "CI": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+        os.environ.setdefault(k, v)
+    import torch
+
+    from trl_marl.testing import tiny_model_path
+    from trl_marl.trainers.preference import JointRewardModel, PreferencePair
+
+    torch.set_num_threads(args.threads)
+    pairs = [
+        PreferencePair(
+            [f"Describe topic {i} together.", f"Write about item {i}."],
+            [f"a good long answer number {i}", "yes indeed good"],
+            [f"bad {i}", "no"],
+            1.0,
+            0.0,
+            0.5,
+        )
+        for i in range(args.pairs)
+    ]
+    path = tiny_model_path()
+    timings = {"legacy_loop": [], "trl_reward_trainer": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.repeats):
+            for name in ("legacy_loop", "trl_reward_trainer"):
+                rm = JointRewardModel.from_pretrained(path, seed=0)
+                t0 = time.perf_counter()
+                if name == "legacy_loop":
+                    _legacy_fit(rm, pairs, 1e-3, args.epochs, 4)
+                else:
+                    rm.fit(pairs, learning_rate=1e-3, num_epochs=args.epochs, batch_size=4, output_dir=tmp)
+                timings[name].append(time.perf_counter() - t0)
+        procs = {}
+        script = ROOT / "tests" / "scripts" / "dist_reward_model.py"
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+        for n in (1, 2):
+            out = os.path.join(tmp, f"p{n}")
+            cmd = [sys.executable, str(script), out, str(args.pairs), str(args.epochs)]
+            if n == 2:
+                cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                       str(ROOT / "accelerate_configs" / "multi_cpu.yaml"), *cmd[1:]]  # fmt: skip
+            subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True)
+            procs[n] = max(json.loads(Path(out, f"rank{r}.json").read_text())["fit_s"] for r in range(n))
+    best = {k: min(v) for k, v in timings.items()}
+    report = {
+        "config": {
+            "pairs": args.pairs,
+            "epochs": args.epochs,
+            "batch": 4,
+            "threads": args.threads,
+            "model": "tiny llama v512 h64 l2",
+            "repeats": args.repeats,
+        },  # fmt: skip
+        "legacy_loop_s": best["legacy_loop"],
+        "trl_reward_trainer_s": best["trl_reward_trainer"],
+        "trl_over_legacy": best["trl_reward_trainer"] / best["legacy_loop"],
+        "all_timings_s": timings,
+        "trl_1_process_s": procs[1],
+        "trl_2_processes_s": procs[2],
+        "speedup_2_over_1_process": procs[1] / procs[2],
+    }
+    out = Path(args.output or ROOT / "benchmarks" / "results" / "reward_fit.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    for k, v in report.items():
+        print(f"{k:28s} {v}")
     return report
 
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoTokenizer
 
 from trl_marl import MADPOConfig, MADPOTrainer
-from trl_marl.trainers.preference import PreferencePair
+from trl_marl.trainers.preference import JointRewardModel, PreferencePair
 from trl_marl.trainers.preference.pairs import joint_prompt_text, joint_response_text, to_dataset
 from trl_marl.trainers.preference.reward_model import joint_text
 
@@ -349,8 +349,6 @@ def test_reward_model_fit_is_trls_reward_trainer_on_the_exported_dataset(tiny_pa
     text form TRL tokenizes itself): the fit IS TRL's, and fit and scoring read the tokens TRL reads."""
     from trl import RewardConfig, RewardTrainer
 
-    from trl_marl.trainers.preference import JointRewardModel
-
     pairs = _synthetic_pairs()
     ours = JointRewardModel.from_pretrained(tiny_path, seed=3)
     before = torch.get_rng_state()
@@ -399,3 +397,104 @@ def test_reward_model_path_must_be_a_sequence_classification_model(make_args, ti
         make_args(MARLHFConfig, reward_model_path=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="iterative trainers fit a NEW reward model"):
         make_args(MARLHFIterConfig, reward_model_path=tiny_path)
+
+
+# ---------------------------------------------------------------- train elsewhere, come back
+def test_train_elsewhere_round_trip_with_trl_trainers(make_args, items, tiny_path, tmp_path):
+    """Collect pairs with MADPOTrainer, export them, train a reward model with TRL's RewardTrainer, save it, train
+    MARLHF on it (`reward_model_path`); and run TRL's DPOTrainer on one agent's exported columns."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from trl import DPOConfig, DPOTrainer, RewardConfig, RewardTrainer
+
+    from trl_marl import MARLHFConfig, MARLHFTrainer
+
+    collector = MADPOTrainer(
+        agent_model=tiny_path,
+        reward_func=length_reward,
+        args=make_args(MADPOConfig, preference_num_candidates=3),
+        train_dataset=items,
+    )
+    pairs = collector.collect_preference_pairs()
+    joint, agent0 = to_dataset(pairs), to_dataset(pairs, agent=0)
+    common = dict(report_to="none", save_strategy="no", use_cpu=True, bf16=False, max_steps=3, logging_steps=1)
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_path, num_labels=1)
+    rm.config.pad_token_id = tok.pad_token_id
+    reward_trainer = RewardTrainer(
+        model=rm,
+        args=RewardConfig(output_dir=str(tmp_path / "rm"), per_device_train_batch_size=4, **common),
+        train_dataset=joint,
+        processing_class=tok,
+    )
+    reward_trainer.train()
+    reward_trainer.save_model(str(tmp_path / "rm"))
+
+    task_calls = []
+
+    def task_reward(c1, c2):
+        task_calls.append(len(c1))
+        return length_reward(c1, c2)
+
+    args = make_args(MARLHFConfig, reward_model_path=str(tmp_path / "rm"), max_steps=1)
+    t = MARLHFTrainer(agent_model=tiny_path, reward_func=task_reward, args=args, train_dataset=items)
+    t.train()
+    assert t.state.global_step == 1 and not task_calls  # no collection, no fit: the RL rewards are the model's
+    with torch.no_grad():
+        text = joint[0]["prompt"] + joint[0]["chosen"]
+        direct = rm.eval()(**tok(text + tok.eos_token, return_tensors="pt")).logits.item()
+    assert t.reward_model.score([pairs[0].prompts], [pairs[0].winner_completions])[0] == pytest.approx(
+        direct, abs=1e-4
+    )
+
+    dpo = DPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_path),
+        ref_model=AutoModelForCausalLM.from_pretrained(tiny_path),
+        args=DPOConfig(output_dir=str(tmp_path / "dpo"), per_device_train_batch_size=4, **common),
+        train_dataset=agent0,
+        processing_class=tok,
+    )
+    dpo.train()
+    assert dpo.state.global_step == 3 and "rewards/margins" in dpo.state.log_history[0]
+
+
+def _launch(config: str, script: str, *args: str):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(root / "accelerate_configs" / f"{config}.yaml"),
+        str(root / "tests" / "scripts" / script),
+        *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["multi_cpu", "zero2_cpu"])
+def test_reward_model_fit_is_sharded_over_processes(tmp_path, tiny_path, config):
+    """2 processes (DDP / ZeRO-2): the RewardTrainer stage shards the pairs (each process takes half of every
+    batch: half the steps of a 1-process fit) and the fitted weights are equal on both ranks."""
+    import json
+
+    _launch(config, "dist_reward_model.py", str(tmp_path), "16", "1")
+    infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(i["num_processes"] == 2 for i in infos)
+    # 16 pairs, 4 per process per step, 2 processes: 2 steps (a single process takes 4)
+    assert [i["steps"] for i in infos] == [2, 2]
+    assert infos[0]["metrics"] == infos[1]["metrics"]
+    w0, w1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert w0.keys() == w1.keys()
+    for k in w0:
+        torch.testing.assert_close(w0[k], w1[k], msg=k)
+    fresh = JointRewardModel.from_pretrained(tiny_path, seed=0).model.state_dict()
+    assert any(not torch.allclose(fresh[k], w0[k]) for k in w0)  # it was trained

@@ -233,6 +233,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             use_cpu=a.use_cpu,
             ddp_backend=a.ddp_backend,
         )
+        self._reward_fit_steps = len(result["losses"])
         if a.reward_model_device is not None:
             rm.to(a.reward_model_device)
         m = self._metrics["train"]
