@@ -75,8 +75,10 @@ def test_select_aligned_pairs():
 
 def test_round_file_is_written_atomically(tmp_path):
     path = tmp_path / "replay" / "iteration_0001.json"
-    write_round_file(str(path), 1, [{"prompts": ["a"]}])
-    assert read_round_file(str(path)) == {"iteration": 1, "num_pairs": 1, "pairs": [{"prompts": ["a"]}]}
+    rec = {"prompts": ["a"], "winner_completions": ["b"], "loser_completions": ["c"]}
+    rec.update(winner_reward=1.0, loser_reward=0.0, candidate_reward_mean=0.5)
+    write_round_file(str(path), 1, [rec])
+    assert read_round_file(str(path)) == {"iteration": 1, "num_pairs": 1, "pairs": [rec]}
 
     class Boom:  # not JSON-serialisable: the write fails half-way
         pass

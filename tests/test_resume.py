@@ -67,6 +67,9 @@ def _assert_same_run(full, resumed):
 def kill_and_resume(family, kill_at, tmp_path, tiny_path):
     full = resume_run.build(family, str(tmp_path / "full"), tiny_path)
     full.train()
+    if kill_at is None:  # iterative: inside the last round (checkpoints are written at round ends only)
+        ends = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "full").glob("checkpoint-*"))
+        kill_at = ends[-2] + 1
     out = tmp_path / "killed"
     proc = _run_script(family, out, tiny_path, "--kill-at", kill_at)
     assert proc.returncode == -9, proc.stderr[-3000:]
@@ -86,7 +89,106 @@ def test_magrpo_killed_mid_rollout_resumes_exactly(tmp_path, tiny_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "family,kill_at",
-    [("maac", 3), ("iac", 4), ("mappo", 3), ("madpo", 4), ("marlhf", 3), ("madpoiter", 5), ("marlhfiter", 5)],
+    [("maac", 3), ("iac", 4), ("mappo", 3), ("madpo", 4), ("marlhf", 3), ("madpoiter", None), ("marlhfiter", None)],
 )
 def test_every_family_killed_and_resumed_exactly(family, kill_at, tmp_path, tiny_path):
     kill_and_resume(family, kill_at, tmp_path, tiny_path)
+
+
+# ---------------------------------------------------------------------------------------------- preemption
+@pytest.mark.parametrize("family,step", [("magrpo", 3), pytest.param("madpoiter", 3, marks=pytest.mark.slow)])
+def test_sigterm_finishes_the_step_checkpoints_and_exits_75(family, step, tmp_path, tiny_path):
+    """A real SIGTERM at the end of step 3 (inside a rollout / inside a round), no periodic checkpoints: the run
+    writes checkpoint-3, exits with status 75, and resuming from it gives the uninterrupted run."""
+    full = resume_run.build(family, str(tmp_path / "full"), tiny_path, save=False)
+    full.train()
+    out = tmp_path / "preempted"
+    proc = _run_script(family, out, tiny_path, "--signal-at", step, "--no-save")
+    assert proc.returncode == PREEMPTED_EXIT_CODE, proc.stderr[-3000:]
+    assert "SIGTERM" in proc.stderr
+    assert latest_complete_checkpoint(str(out)) == str(out / f"checkpoint-{step}")
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [f"checkpoint-{step}"]
+    resumed = resume_run.build(family, str(out), tiny_path, save=False)
+    resumed.train(resume_from_checkpoint=True)
+    _assert_same_run(full, resumed)
+
+
+# ---------------------------------------------------------------------------------------------- crash safety
+class _Died(BaseException):
+    """Stands for the process dying at a write point (nothing after it runs, no cleanup)."""
+
+
+def _write_points(trainer):
+    names = []
+    set_write_hook(names.append)
+    try:
+        trainer._save_checkpoint(trainer.model, None)
+    finally:
+        set_write_hook(None)
+    return names
+
+
+def test_a_kill_at_every_write_point_leaves_a_resumable_checkpoint(tmp_path, tiny_path, caplog):
+    out = tmp_path / "run"
+    t = resume_run.build("magrpo", str(out), tiny_path)
+    t.args.max_steps, t.args.save_total_limit = 1, 1
+    t.train()  # checkpoint-1, complete
+    assert (out / "checkpoint-1" / COMPLETE_MARKER).is_file()
+    t.state.global_step = 2
+    points = _write_points(t)  # a clean save of checkpoint-2 (rotates checkpoint-1 away)
+    assert points[-3:] == ["marker", "rename", "rotate"] and len(points) >= 8
+    last_complete = 2
+    for k, name in enumerate(points):
+        step = 3 + k
+        t.state.global_step = step
+
+        def die(point, k=k):
+            if point == points[k]:
+                raise _Died(point)
+
+        set_write_hook(die)
+        with pytest.raises(_Died):
+            t._save_checkpoint(t.model, None)
+        set_write_hook(None)
+        committed = k >= points.index("rename")
+        # before the rename the new checkpoint is invisible (a staging folder) and the previous one intact
+        if committed:
+            assert (out / f"checkpoint-{step}" / COMPLETE_MARKER).is_file()
+            if name == "rename":  # died before rotation: the older complete one is still there
+                assert (out / f"checkpoint-{last_complete}" / COMPLETE_MARKER).is_file()
+            last_complete = step
+        else:
+            assert not (out / f"checkpoint-{step}").exists()
+            assert Path(staging_folder(str(out / f"checkpoint-{step}"))).exists()
+        assert latest_complete_checkpoint(str(out), warn=False) == str(out / f"checkpoint-{last_complete}"), name
+    # a last save dies before its rename: it is newer than every complete checkpoint
+    t.state.global_step = 99
+    set_write_hook(lambda point: (_ for _ in ()).throw(_Died(point)) if point == "marker" else None)
+    with pytest.raises(_Died):
+        t._save_checkpoint(t.model, None)
+    set_write_hook(None)
+    # a run resumed with True skips the incomplete staging folders with ONE warning naming them, and trains on
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trl_marl.checkpoint"):
+        path = resolve_resume_checkpoint(True, str(out))
+    warnings = [r for r in caplog.records if "incomplete" in r.getMessage()]
+    assert len(warnings) == 1 and ".tmp-checkpoint-99" in warnings[0].getMessage()
+    assert path == str(out / f"checkpoint-{last_complete}")
+
+
+def test_explicit_incomplete_checkpoint_is_refused_naming_it_and_the_latest_complete(tmp_path):
+    good, bad = tmp_path / "checkpoint-2", tmp_path / "checkpoint-4"
+    for folder in (good, bad):
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text("{}")
+    (good / COMPLETE_MARKER).write_text(
+        json.dumps({"global_step": 2, "files": [{"path": "trainer_state.json", "size": 2}]})
+    )
+    with pytest.raises(CheckpointError, match=r"checkpoint-4.*no checkpoint_complete.json.*checkpoint-2"):
+        resolve_resume_checkpoint(str(bad), str(tmp_path))
+    # a file truncated after the marker was written is caught by its size
+    (good / "trainer_state.json").write_text("{")
+    with pytest.raises(CheckpointError, match="trainer_state.json has 1 bytes, 2 were written"):
+        resolve_resume_checkpoint(str(good), str(tmp_path))
+    with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
+        resolve_resume_checkpoint(True, str(tmp_path))

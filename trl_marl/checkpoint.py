@@ -281,12 +281,15 @@ def save_checkpoint_atomically(trainer, trial=None) -> str:
         write_point("rng")
     os.makedirs(staging, exist_ok=True)
     _atomic_torch_save(
-        trainer._resume_state(), os.path.join(staging, RESUME_STATE_FILE.format(rank=trainer.accelerator.process_index))
+        trainer._resume_state(),
+        os.path.join(staging, RESUME_STATE_FILE.format(rank=trainer.accelerator.process_index)),
     )
     write_point("resume_state")
     trainer._save_checkpoint_extra(staging)
     if args.should_save:
-        for cb in [c for c in trainer.callback_handler.callbacks + [trainer.control] if isinstance(c, ExportableState)]:
+        for cb in [
+            c for c in trainer.callback_handler.callbacks + [trainer.control] if isinstance(c, ExportableState)
+        ]:
             name = cb.__class__.__name__
             if isinstance(state.stateful_callbacks.get(name), list):
                 state.stateful_callbacks[name].append(cb.state())

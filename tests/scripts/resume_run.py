@@ -2,7 +2,8 @@
 
 Run as a script: `resume_run.py FAMILY OUTPUT_DIR TINY_MODEL [--kill-at K] [--signal-at K]`:
   --kill-at K    SIGKILL this process at the end of optimizer step K (no polite stop, no checkpoint of step K);
-  --signal-at K  send this process SIGTERM at the end of step K (the preemption path).
+  --signal-at K  send this process SIGTERM at the end of step K (the preemption path);
+  --no-save      no periodic checkpoints (save_strategy="no").
 The test imports `build` to run the uninterrupted and the resumed runs in its own process.
 """
 
@@ -31,7 +32,7 @@ def items():
     return Dataset.from_list([{"prompt": f"Write about topic {i}."} for i in range(8)])
 
 
-def build(family: str, output_dir: str, tiny: str, callbacks=None):
+def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = True):
     """The trainer of `family`: 2 agents, a linear (non-constant) learning-rate schedule, a checkpoint every step
     (every round for the iterative trainers), steps that take more than one slice of each rollout."""
     from transformers import set_seed
@@ -49,7 +50,7 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None):
         learning_rate=1e-3,
         lr_scheduler_type="linear",
         logging_steps=1,
-        save_strategy="steps",
+        save_strategy="steps" if save else "no",
         save_steps=1,
         report_to="none",
         disable_tqdm=True,
@@ -96,7 +97,7 @@ def main() -> None:
             if state.global_step == signal_at:
                 os.kill(os.getpid(), signal.SIGTERM)  # handled: the trainer finishes this step and checkpoints
 
-    trainer = build(family, out, tiny, callbacks=[Die()])
+    trainer = build(family, out, tiny, callbacks=[Die()], save="--no-save" not in rest)
     trainer.train()
 
 

@@ -53,6 +53,7 @@ from ..models.value_head import (
     save_value_head,
 )
 from ..rollout import Rollout
+from ..state_files import CorruptedStateError, read_json_state
 from ..team import MODEL_CONFIG_KEYS, AgentBatch
 from .base import MultiAgentTrainer, _decay_groups, _load_agent_weights
 from .config import MultiAgentConfig
@@ -849,12 +850,20 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
         for k, critic in enumerate(team.critics):
             folder = os.path.join(checkpoint, self._critic_folder(k))
+            fix = f"delete {checkpoint} and resume from the checkpoint before it"
             _load_agent_weights(critic.model, folder)
-            critic.value_head.load_state_dict(load_value_head(folder).state_dict())
+            try:
+                head = load_value_head(folder)
+            except Exception as exc:  # noqa: BLE001 -- a missing / damaged value head file
+                problem = f"its value head is unreadable ({type(exc).__name__}: {exc})"
+                raise CorruptedStateError(folder, problem, fix) from exc
+            critic.value_head.load_state_dict(head.state_dict())
             norm_file = os.path.join(folder, NORMALIZER_FILE)
-            if self._normalizers is not None and os.path.isfile(norm_file):
-                with open(norm_file, encoding="utf-8") as f:
-                    self._normalizers[k].load_state_dict(json.load(f))
+            if self._normalizers is not None and os.path.exists(norm_file):
+                stats = read_json_state(norm_file, fix)
+                if not {"mean", "var", "count"} <= set(stats):
+                    raise CorruptedStateError(norm_file, "it lacks mean / var / count", fix)
+                self._normalizers[k].load_state_dict(stats)
         if team.value_heads is not None:
             for i, head in enumerate(team.value_heads):
                 folder = os.path.join(checkpoint, f"agent_{i + 1}")

@@ -1019,8 +1019,22 @@ def _decay_groups(
 
 
 def _load_agent_weights(agent: torch.nn.Module, folder: str) -> None:
-    from safetensors.torch import load_file
+    """Load a saved agent (or critic backbone) folder of a checkpoint into `agent`; a missing or damaged file is a
+    `CorruptedStateError` naming it."""
+    from safetensors.torch import load_file as _load_file
 
+    from ..state_files import CorruptedStateError
+
+    fix = f"delete {os.path.dirname(os.path.abspath(folder))} and resume from the checkpoint before it"
+
+    def load_file(path: str) -> dict:
+        try:
+            return _load_file(path)
+        except Exception as exc:  # noqa: BLE001 -- safetensors / OS errors of a damaged file
+            raise CorruptedStateError(path, f"unreadable weights ({type(exc).__name__}: {exc})", fix) from exc
+
+    if not os.path.isdir(folder):
+        raise CorruptedStateError(folder, "the folder is missing", fix)
     if hasattr(agent, "load_saved"):  # an adapter on a shared base
         agent.load_saved(folder)
         return
@@ -1042,7 +1056,7 @@ def _load_agent_weights(agent: torch.nn.Module, folder: str) -> None:
         for fn in files:
             state.update(load_file(os.path.join(folder, fn)))
     else:
-        raise FileNotFoundError(f"no model weights (model.safetensors) in {folder}")
+        raise CorruptedStateError(folder, "no model weights (model.safetensors or model.safetensors.index.json)", fix)
     missing, unexpected = agent.load_state_dict(state, strict=False)
     tied = set(getattr(agent, "_tied_weights_keys", None) or [])
     tied |= {

@@ -42,6 +42,7 @@ from transformers import TrainerCallback
 from ...plugins.comparators_protocol import check_comparator_output
 from ...plugins.registry import COMPARATOR_GROUP, load_plugin
 from ...plugins.replay import make_replay_mode
+from ...state_files import CorruptedStateError, read_json_state, require
 from ..actor_critic import IACConfig, MAACConfig
 from .madpo import MADPOConfig, MADPOTrainer
 from .marlhf import MARLHFConfig, MARLHFIACTrainer, MARLHFMAACTrainer, MARLHFTrainer, _MARLHFMixin
@@ -249,23 +250,64 @@ def write_round_file(path: str, iteration: int, records: list[dict]) -> None:
         raise
 
 
-def read_round_file(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+ROUND_RECORD_KEYS = (
+    "prompts",
+    "winner_completions",
+    "loser_completions",
+    "winner_reward",
+    "loser_reward",
+    "candidate_reward_mean",
+)
+_ROUND_FIX = "delete it and resume from a checkpoint written before that round (its copy of the round is restored)"
+
+
+def read_round_file(
+    path: str, expected_iteration: int | None = None, num_agents: int | None = None, fix: str = _ROUND_FIX
+) -> dict:
+    """Read and validate a round file: `{"iteration", "num_pairs", "pairs"}`, the pair count and (when given) the
+    round number agree with the header, every pair has the record fields (with `num_agents` entries per list).
+    Any damage is a `CorruptedStateError` naming the file, what is wrong and `fix`."""
+    data = read_json_state(path, fix)
+    iteration = require(data, "iteration", int, path, fix)
+    num_pairs = require(data, "num_pairs", int, path, fix)
+    pairs = require(data, "pairs", list, path, fix)
+    if expected_iteration is not None and iteration != expected_iteration:
+        raise CorruptedStateError(path, f"its header says round {iteration}, expected round {expected_iteration}", fix)
+    if num_pairs != len(pairs):
+        raise CorruptedStateError(path, f"its header says {num_pairs} pairs but it holds {len(pairs)}", fix)
+    for k, rec in enumerate(pairs):
+        if not isinstance(rec, dict):
+            raise CorruptedStateError(path, f"pair {k} is a {type(rec).__name__}, not a JSON object", fix)
+        missing = [key for key in ROUND_RECORD_KEYS if key not in rec]
+        if missing:
+            raise CorruptedStateError(path, f"pair {k} lacks {missing}", fix)
+        if num_agents is not None:
+            for key in ROUND_RECORD_KEYS[:3]:
+                if not isinstance(rec[key], list) or len(rec[key]) != num_agents:
+                    raise CorruptedStateError(path, f"pair {k}'s {key!r} should list {num_agents} entries", fix)
+    return data
 
 
 class _StoredRound(Sequence):
     """A stored round, read lazily from its file (the replay mode only indexes what it selects)."""
 
-    def __init__(self, path: str, size: int):
+    def __init__(self, path: str, size: int, iteration: int | None = None, num_agents: int | None = None):
         self.path, self.size, self._pairs = path, size, None
+        self.iteration, self.num_agents = iteration, num_agents
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index):
         if self._pairs is None:
-            self._pairs = read_round_file(self.path)["pairs"]
+            data = read_round_file(self.path, self.iteration, self.num_agents)
+            if data["num_pairs"] != self.size:
+                raise CorruptedStateError(
+                    self.path,
+                    f"it holds {data['num_pairs']} pairs but this run's replay index recorded {self.size}",
+                    _ROUND_FIX,
+                )
+            self._pairs = data["pairs"]
         return self._pairs[index]
 
 
@@ -393,7 +435,9 @@ class IterativeMixin:
         self.accelerator.wait_for_everyone()
         self.rounds.append({"iteration": nu, "path": path, "num_pairs": len(records)})
         self._current_pairs = {id(r): p for r, p in zip(records, pairs)}
-        rounds = [_StoredRound(r["path"], r["num_pairs"]) for r in self.rounds[:-1]] + [records]
+        rounds = [
+            _StoredRound(r["path"], r["num_pairs"], r["iteration"], self.num_agents) for r in self.rounds[:-1]
+        ] + [records]
         selected = self.replay_mode.select(rounds, np.random.default_rng([self.args.seed, nu]))
         train_pairs = [self._pair_from_record(r) for r in selected]
         m = self._metrics["train"]
@@ -606,24 +650,40 @@ class IterativeMixin:
         os.replace(tmp, os.path.join(folder, STATE_FILE))
 
     def load_iterative_state(self, folder: str) -> None:
+        """Restore what `save_iterative_state` wrote; every file is validated (`CorruptedStateError` naming it)."""
         path = os.path.join(folder, STATE_FILE)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{folder} has no {STATE_FILE}: it is not an iterative trainer's checkpoint")
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
-        self.completed_rounds = int(state["completed_rounds"])
+            raise CorruptedStateError(
+                path,
+                "the file is missing, so this is not a complete checkpoint of an iterative trainer",
+                f"resume from another checkpoint of {os.path.dirname(os.path.abspath(folder))} "
+                "(resume_from_checkpoint=True picks the latest complete one)",
+            )
+        fix = f"delete {folder} and resume from the checkpoint before it"
+        state = read_json_state(path, fix)
+        self.completed_rounds = require(state, "completed_rounds", int, path, fix)
+        rounds = require(state, "rounds", list, path, fix)
+        snapshots = require(state, "policy_snapshots", dict, path, fix)
+        if len(rounds) != self.completed_rounds:
+            raise CorruptedStateError(
+                path, f"it records {len(rounds)} rounds but completed_rounds={self.completed_rounds}", fix
+            )
         self.rounds = []
-        for r in state["rounds"]:
-            target = os.path.join(self.replay_dir, os.path.basename(r["path"]))
-            if self.accelerator.is_main_process:
-                write_round_file(
-                    target,
-                    r["iteration"],
-                    read_round_file(os.path.join(folder, "preference_replay", r["checkpoint_copy"]))["pairs"],
+        for k, r in enumerate(rounds):
+            if not isinstance(r, dict) or not all(key in r for key in ("iteration", "num_pairs", "checkpoint_copy")):
+                raise CorruptedStateError(path, f"round entry {k} lacks iteration / num_pairs / checkpoint_copy", fix)
+            copy_path = os.path.join(folder, "preference_replay", r["checkpoint_copy"])
+            data = read_round_file(copy_path, r["iteration"], self.num_agents, fix)
+            if data["num_pairs"] != r["num_pairs"]:
+                raise CorruptedStateError(
+                    copy_path, f"it holds {data['num_pairs']} pairs but {STATE_FILE} recorded {r['num_pairs']}", fix
                 )
+            target = os.path.join(self.replay_dir, os.path.basename(copy_path))
+            if self.accelerator.is_main_process:
+                write_round_file(target, r["iteration"], data["pairs"])
             self.rounds.append({"iteration": r["iteration"], "path": target, "num_pairs": r["num_pairs"]})
         self.accelerator.wait_for_everyone()
-        self.policy_snapshots = {int(k): v for k, v in state["policy_snapshots"].items()}
+        self.policy_snapshots = {int(k): v for k, v in snapshots.items()}
         if state.get("comparator") is not None and hasattr(self.comparator, "load_state_dict"):
             self.comparator.load_state_dict(state["comparator"])
         self.env_step = int(state.get("env_step", 0))

@@ -1,0 +1,120 @@
+"""Files read back by the trainers (round files, iterative state, critic folders, agent folders) are validated: a
+damaged one gives an error naming the file, what is wrong and what to do."""
+
+import json
+
+import pytest
+
+from trl_marl.state_files import CorruptedStateError
+from trl_marl.trainers.preference.iterative import read_round_file, write_round_file
+
+
+def _record(n=2):
+    return {
+        "prompts": ["p"] * n,
+        "winner_completions": ["w"] * n,
+        "loser_completions": ["l"] * n,
+        "winner_reward": 1.0,
+        "loser_reward": 0.0,
+        "candidate_reward_mean": 0.5,
+    }
+
+
+@pytest.fixture
+def round_file(tmp_path):
+    path = tmp_path / "iteration_0002.json"
+    write_round_file(str(path), 2, [_record(), _record()])
+    return path
+
+
+def test_truncated_round_file_is_named(round_file):
+    text = round_file.read_text()
+    round_file.write_text(text[: len(text) // 2])
+    with pytest.raises(CorruptedStateError, match=r"iteration_0002.json: truncated .*; delete it and resume"):
+        read_round_file(str(round_file))
+
+
+def test_round_file_with_fewer_pairs_than_its_header_is_refused(round_file):
+    data = json.loads(round_file.read_text())
+    data["pairs"] = data["pairs"][:1]
+    round_file.write_text(json.dumps(data))
+    with pytest.raises(CorruptedStateError, match="its header says 2 pairs but it holds 1"):
+        read_round_file(str(round_file))
+
+
+def test_round_file_of_another_round_is_refused(round_file):
+    with pytest.raises(CorruptedStateError, match="its header says round 2, expected round 3"):
+        read_round_file(str(round_file), expected_iteration=3)
+
+
+def test_round_file_pair_fields_are_checked(round_file):
+    data = json.loads(round_file.read_text())
+    del data["pairs"][1]["loser_reward"]
+    round_file.write_text(json.dumps(data))
+    with pytest.raises(CorruptedStateError, match=r"pair 1 lacks \['loser_reward'\]"):
+        read_round_file(str(round_file))
+    write_round_file(str(round_file), 2, [_record(3)])
+    with pytest.raises(CorruptedStateError, match="pair 0's 'prompts' should list 2 entries"):
+        read_round_file(str(round_file), num_agents=2)
+
+
+@pytest.fixture(scope="module")
+def iterative_checkpoint(tmp_path_factory, tiny_path):
+    """A real round-end checkpoint of a 1-round MADPOIter run (and the trainer that wrote it)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+    import resume_run
+
+    out = tmp_path_factory.mktemp("iter")
+    t = resume_run.build("madpoiter", str(out), tiny_path)
+    t.args.num_iterations = 1
+    t.train()
+    (ckpt,) = out.glob("checkpoint-*")
+    return t, ckpt
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda c: (c / "iterative_state.json").write_text('{"completed_rounds": 1, "rou'), "truncated"),
+        (lambda c: (c / "iterative_state.json").write_text('{"completed_rounds": "one"}'), "should be a int"),
+        (
+            lambda c: (c / "preference_replay" / "iteration_0001.json").write_text(
+                json.dumps({"iteration": 1, "num_pairs": 5, "pairs": []})
+            ),
+            "header says 5 pairs but it holds 0",
+        ),
+        (lambda c: (c / "preference_replay" / "iteration_0001.json").unlink(), "the file is missing"),
+    ],
+)
+def test_damaged_iterative_checkpoint_is_named(iterative_checkpoint, tmp_path, damage, message):
+    import shutil
+
+    trainer, ckpt = iterative_checkpoint
+    copy = tmp_path / ckpt.name
+    shutil.copytree(ckpt, copy)
+    damage(copy)
+    with pytest.raises(CorruptedStateError, match=message) as err:
+        trainer.load_iterative_state(str(copy))
+    assert str(copy) in str(err.value) and f"delete {copy} and resume from the checkpoint before it" in str(err.value)
+
+
+def test_missing_iterative_state_says_to_pick_another_checkpoint(iterative_checkpoint, tmp_path):
+    trainer, _ = iterative_checkpoint
+    with pytest.raises(
+        CorruptedStateError, match="iterative_state.json: the file is missing.*resume_from_checkpoint=True"
+    ):
+        trainer.load_iterative_state(str(tmp_path))
+
+
+def test_missing_agent_weights_in_a_checkpoint_are_named(iterative_checkpoint, tmp_path):
+    import shutil
+
+    trainer, ckpt = iterative_checkpoint
+    copy = tmp_path / ckpt.name
+    shutil.copytree(ckpt, copy)
+    (copy / "agent_2" / "model.safetensors").unlink()
+    with pytest.raises(CorruptedStateError, match=r"agent_2: no model weights .*delete .* and resume"):
+        trainer._load_from_checkpoint(str(copy))
