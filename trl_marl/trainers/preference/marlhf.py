@@ -187,7 +187,10 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         name = self.args.reward_model_name or self.agent_names[0]
         tok = None if self.args.reward_model_name else self.tokenizers[0]
         rm = JointRewardModel.from_pretrained(
-            name, tokenizer=tok, max_length=self.args.reward_max_length, seed=self.args.seed
+            name,
+            tokenizer=tok,
+            max_length=self.args.reward_max_length,
+            seed=self.rng_streams.seed_for("reward_model_init", self._rng_round()),
         )
         rm.to(self.args.reward_model_device or self.accelerator.device)
         losses = rm.fit(
