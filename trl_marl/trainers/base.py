@@ -712,6 +712,33 @@ class MultiAgentTrainer(_BaseTrainer):
                 rec = {"step": self.state.global_step, "env_step": self.env_step, **rec}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
+    def _clip_groups(self) -> list[list[torch.nn.Parameter]] | None:
+        """The parameter sets clipped by their OWN norm: one per agent, plus `_extra_clip_groups()` (critics, value
+        heads). None where the engine clips (DeepSpeed, FSDP) or the agents share one base (adapters)."""
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled or self.team.shared_base:
+            return None
+        team = self.team
+        groups = [[p for _, p in team.agent_named_parameters(i)] for i in range(team.num_agents)]
+        return groups + self._extra_clip_groups()
+
+    def _extra_clip_groups(self) -> list[list[torch.nn.Parameter]]:
+        return []
+
+    def _clip_grad_norm(self, model):
+        """Clip each agent's gradient (and each critic's) by its OWN norm to `max_grad_norm`, so one module's large
+        gradient never shrinks another's update (each agent's loss touches only its own parameters: per-agent updates
+        stay separate). Returns the pre-clip norm of all of them together, as transformers logs it."""
+        groups = self._clip_groups()
+        if groups is None:
+            return super()._clip_grad_norm(model)
+        self.accelerator.unscale_gradients()  # once, before any clipping (mixed precision)
+        norms = []
+        for params in groups:
+            params = [p for p in params if p.grad is not None]
+            if params:
+                norms.append(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm).float().cpu())
+        return torch.stack(norms).norm() if norms else torch.tensor(0.0)
+
     def _record_entropy(self) -> None:
         """`agent_{i}/entropy` and their mean `entropy`: the token entropy of the sampled completions (TRL's
         `entropy_from_logits` on logits / temperature), read from the loss's own forward pass (`TeamModel.forward`
