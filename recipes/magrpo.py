@@ -6,6 +6,7 @@
         --num_generations 8 --max_new_tokens 128 --bf16 true --output_dir outputs/magrpo-qwen
     accelerate launch recipes/magrpo.py --config my_run.yaml             # every config field is a YAML key
     accelerate launch recipes/magrpo.py --baseline loo                   # MARLOO (also: raw, max)
+    accelerate launch recipes/magrpo.py --baseline max --remax_baseline greedy   # ReMax proper (greedy baseline)
 
 Every field of `MAGRPOConfig` (and of `transformers.TrainingArguments`) is a flag.
 """

@@ -2,7 +2,7 @@
 
 | name | the other side of every comparison |
 |---|---|
-| `current` | the live agents, sampled from a SEPARATE random stream (checkpointed) |
+| `current` | the live agents, sampled from the trainer's separate `"comparator"` random stream (checkpointed) |
 | `current_copy` | a frozen copy of the agents on `comparator_devices`, refreshed each round (the live agents when the devices are the agents') |
 | `model` | fixed models: `comparator_model_name` (one id for every agent) or `comparator_agents` (one per agent), loaded once, frozen |
 | `history` | the agents as they were `comparator_history_k` rounds back (the oldest snapshot while fewer exist), loaded once per round |
@@ -55,10 +55,6 @@ def parse_joint_completions(adapter, texts: Sequence[str], num_items: int, num_c
                 row.append(None)
         joint.append(row)
     return joint, failures
-
-
-def _rng_state_to_list(state: torch.Tensor) -> list[int]:
-    return state.tolist()
 
 
 class ModelComparator:
@@ -135,16 +131,11 @@ class ModelComparator:
 
 
 class CurrentComparator(ModelComparator):
-    """The live agents, sampled from a SEPARATE random stream (seeded from `seed + 1_000_000_007`, never equal to the
-    training stream's seed), so that the comparator's draws neither consume nor repeat the training stream's. Its
-    state is saved in checkpoints."""
+    """The live agents. The iterative trainers run every comparator's `generate` inside their `"comparator"` random
+    stream (`trainer.rng_streams`, seeded from the seed and the round, checkpointed with the trainer), so the
+    comparator's draws neither consume nor repeat the training rollouts' stream, on CPU and CUDA alike."""
 
     name = "current"
-
-    def __init__(self, args: Any):
-        super().__init__(args)
-        g = torch.Generator().manual_seed((int(args.seed) + 1_000_000_007) % (2**63))
-        self._rng_state = g.get_state()
 
     def models(self, trainer):
         return list(trainer.team.agents), trainer.tokenizers
@@ -152,24 +143,9 @@ class CurrentComparator(ModelComparator):
     def sample(self, trainer, models, tokenizers, prompts_per_agent, G):
         from trl.models.utils import unwrap_model_for_generation
 
-        devices = [d for d in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-        with (
-            torch.random.fork_rng(devices=devices),
-            # the live agents may be sharded (ZeRO-3): gather them as the trainer's own generation does
-            unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator),
-        ):
-            torch.set_rng_state(self._rng_state)
-            out = super().sample(trainer, models, tokenizers, prompts_per_agent, G)
-            self._rng_state = torch.get_rng_state()
-        return out
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "rng_state": _rng_state_to_list(self._rng_state)}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        if "rng_state" in state:
-            self._rng_state = torch.tensor(state["rng_state"], dtype=torch.uint8)
+        # the live agents may be sharded (ZeRO-3): gather them as the trainer's own generation does
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator):
+            return super().sample(trainer, models, tokenizers, prompts_per_agent, G)
 
 
 class CurrentCopyComparator(CurrentComparator):

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, TrainerCallback
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import disable_dropout_in_model
 
@@ -511,6 +511,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
             if team.value_heads is not None:
                 for i, head in enumerate(team.value_heads):
                     head.to(self.agent_device(i))
+        self._critic_window: list[tuple] = []  # this optimizer step's critic inputs (sequential MAAC updates)
+        if self._extra_critic_updates_per_step():
+            self.add_callback(_SequentialCriticCallback(self))
         self._after_init()
 
     # ------------------------------------------------------------------ hooks
@@ -631,6 +634,77 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 named = [(f"value_heads.{i}.{name}", p) for name, p in head.named_parameters() if p.requires_grad]
                 groups += _decay_groups(named, decay, wd, self._agent_learning_rate(i), f"value_head_{i + 1}")
         return groups
+
+    def _extra_clip_groups(self) -> list[list[torch.nn.Parameter]]:
+        """Each critic and each value head is clipped by its own norm (`MultiAgentTrainer._clip_grad_norm`)."""
+        team = self.team
+        modules = list(team.critics) + list(team.value_heads or [])
+        return [[p for p in m.parameters() if p.requires_grad] for m in modules]
+
+    # ------------------------------------------------------------------ sequential critic updates (MAAC)
+    def _critic_updates_in_engine(self) -> bool:
+        """Whether the critic can only be stepped by the engine (DeepSpeed / FSDP own its parameters)."""
+        return bool(self.is_deepspeed_enabled or self.is_fsdp_enabled)
+
+    def _extra_critic_updates_per_step(self) -> int:
+        """MAAC: the shared critic is updated with each agent's batch in turn. The Trainer's optimizer step is the
+        first agent's update; `n - 1` more critic-only steps follow it. 0 for the other trainers, and under
+        DeepSpeed / FSDP (there the critic loss is weighted `n` in the one step: the first-order equivalent)."""
+        if not self.critic_loss_per_agent_batch or self._critic_updates_in_engine():
+            return 0
+        return sum(len(st.agents) for st in self.streams if st.module is not None) - 1
+
+    def _critic_loss(self, critic_values: list, where, rows_t: torch.Tensor, data: CriticData) -> torch.Tensor:
+        """`value_loss_coef` times the sum over value streams of the value loss on these rows."""
+        out = {"critic_values": critic_values, "values": [None] * self.num_agents}
+        total = 0.0
+        for s, stream in enumerate(self.streams):
+            if stream.module is None:
+                continue
+            values = self._stream_values(out, where, s)
+            targets = data.targets[s][rows_t].to(values.device)
+            old = data.old_values[s][rows_t].to(values.device)
+            total = total + self.args.value_loss_coef * value_loss(
+                values, targets, old, self._value_clip_range(stream)
+            )
+        return total
+
+    def sequential_critic_updates(self) -> None:
+        """After the optimizer step (the first agent's critic update, together with the actors'), update the shared
+        critic with each further agent's batch in turn: forward on the updated critic, backward, gradients averaged
+        over processes, clipped by the critic's own norm, one step of the same optimizer (only the critic has
+        gradients, so only it moves). Every micro-batch of the step's accumulation window takes part in each update,
+        as in the first."""
+        window, self._critic_window = self._critic_window, []
+        extra = self._extra_critic_updates_per_step()
+        if not extra or not window:
+            return
+        team = self.team
+        params = [p for c in team.critics for p in c.parameters() if p.requires_grad]
+        opt = getattr(self.optimizer, "optimizer", self.optimizer)  # the torch optimizer (no loss scaler)
+        for _ in range(extra):
+            for p in self.model.parameters():
+                p.grad = None
+            value_losses = []
+            for critic_batches, where, rows_t, data in window:
+                values = [
+                    None if cb is None else critic(*(t.to(next(critic.parameters()).device) for t in cb[:2]))
+                    for critic, cb in zip(team.critics, critic_batches)
+                ]
+                loss = self._critic_loss(values, where, rows_t, data) / len(window)
+                loss.backward()
+                value_losses.append(loss.item() * len(window) / self.args.value_loss_coef)
+            if self.accelerator.num_processes > 1:
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.copy_(self.accelerator.reduce(p.grad, reduction="mean"))
+            if self.args.max_grad_norm and self.args.max_grad_norm > 0:
+                for group in self._extra_clip_groups()[: len(team.critics)]:
+                    torch.nn.utils.clip_grad_norm_([p for p in group if p.grad is not None], self.args.max_grad_norm)
+            opt.step()
+            self._metrics["train"]["critic/sequential_value_loss"].append(sum(value_losses) / len(value_losses))
+        for p in self.model.parameters():
+            p.grad = None
 
     def _record_grad_norms(self) -> None:
         """Per-agent gradient norms (base class), plus one per critic and value head."""
@@ -810,14 +884,27 @@ class ActorCriticTrainer(MultiAgentTrainer):
             loss_i = self._actor_loss(i, logp, batches[i], data.advantages[i][rows_t], data, rows)
             losses.append(loss_i)
             m[f"agent_{i + 1}/loss"].append(loss_i.item())
+        sequential = self._extra_critic_updates_per_step() > 0
         for s, stream in enumerate(self.streams):
             values = self._stream_values(out, where, s)
             targets = data.targets[s][rows_t].to(values.device)
             old = data.old_values[s][rows_t].to(values.device)
             vl = value_loss(values, targets, old, self._value_clip_range(stream))
             m[f"{stream.name}/value_loss"].append(vl.item())
-            weight = self.args.value_loss_coef * (len(stream.agents) if self.critic_loss_per_agent_batch else 1)
+            # MAAC: the critic's update with the first agent's batch; the others follow the optimizer step
+            # (sequential_critic_updates). Under DeepSpeed / FSDP: n times the loss in this one step instead.
+            per_agent = self.critic_loss_per_agent_batch and not sequential
+            weight = self.args.value_loss_coef * (len(stream.agents) if per_agent else 1)
             losses.append(weight * vl)
+        if sequential and self.model.training and critic_batches is not None:
+            self._critic_window.append(
+                (
+                    [None if cb is None else (cb.input_ids, cb.attention_mask) for cb in critic_batches],
+                    where,
+                    rows_t,
+                    data,
+                )
+            )
         device = losses[0].device
         return sum(loss.to(device) for loss in losses)
 
@@ -887,16 +974,30 @@ class ActorCriticTrainer(MultiAgentTrainer):
         return desc
 
 
+class _SequentialCriticCallback(TrainerCallback):
+    """Runs `sequential_critic_updates` right after each optimizer step (before the scheduler and `zero_grad`)."""
+
+    def __init__(self, trainer: ActorCriticTrainer):
+        self.trainer = trainer
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer.sequential_critic_updates()
+        return control
+
+
 class MAACTrainer(ActorCriticTrainer):
     """Multi-agent actor-critic: ONE centralized critic over the joint prompts; every agent gets the SAME TD error.
 
         delta_t = r_t + gamma * V(h_{t+1}) - V(h_t)             (r_t: the team reward, the mean over agents)
-        loss    = sum_i - mean( logprob_sum(a_{i,t}) * delta_t ) + value_loss_coef * n * mean( (V(h_t) - V_hat_t)^2 )
+        loss    = sum_i - mean( logprob_sum(a_{i,t}) * delta_t ) + value_loss_coef * mean( (V(h_t) - V_hat_t)^2 )
 
     The critic reads `joint_critic_text` (the agents' prompts, plus the completions for `critic_type="q"`) tokenized
-    with the first agent's tokenizer. It is updated with each agent's batch in turn; every agent's batch holds the same
-    joint actions, so in one optimizer step that is `n` times the critic loss of one batch. No importance sampling and
-    no ratio clipping. `critic_model` (or `critics=[one]`) is required.
+    with the first agent's tokenizer. As the spec says, it is updated SEQUENTIALLY with each agent's batch: the
+    optimizer step is the update with agent 1's batch (together with the actors'), then `n - 1` critic-only steps of
+    the same optimizer follow, each on the critic as the previous one left it (`sequential_critic_updates`). Actors and
+    critic are clipped by their own norms. Under DeepSpeed / FSDP (the engine owns the critic's step) the critic loss
+    is weighted `n` in the one step instead, the first-order equivalent. No importance sampling and no ratio clipping.
+    `critic_model` (or `critics=[one]`) is required.
 
     ```python
     from trl_marl import MAACConfig, MAACTrainer

@@ -50,6 +50,7 @@ from ..hub import (
     write_trainer_cards,
 )
 from ..rewards import RewardFunction
+from ..rng import RNGStreams
 from ..rollout import GenerationOutput, JointRollout, Rollout
 from ..team import (
     UNKNOWN_EOS,
@@ -287,6 +288,10 @@ class MultiAgentTrainer(_BaseTrainer):
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._buffered: list | None = None
         self._step = 0
+        # one random stream per purpose (trl_marl.rng); saved with every checkpoint
+        self.rng_streams = RNGStreams(
+            args.seed, self.accelerator.process_index, [self.agent_device(i) for i in range(n)]
+        )
         self.env_step = 0  # joint-action reward evaluations on this process
         self._last_eval_reward: float | None = None
         self._preemption = PreemptionHandler()
@@ -638,7 +643,8 @@ class MultiAgentTrainer(_BaseTrainer):
     def _rollout_step(self, items: list[dict]) -> list[dict]:
         """Roll out `items`, compute returns and advantages, split into `steps_per_rollout` training inputs."""
         t0 = time.perf_counter()
-        rollout = self.train_rollout_engine.run(items, self.generate)
+        with self.rng_streams.scoped("rollout", self._rng_round()):
+            rollout = self.train_rollout_engine.run(items, self.generate)
         t1 = time.perf_counter()
         if self.reference_models is not None:
             self._reference_penalties(rollout)
@@ -655,6 +661,26 @@ class MultiAgentTrainer(_BaseTrainer):
         K = self.args.steps_per_rollout
         per = len(items) // K
         return [{"rollout": rollout, "items": list(range(k * per, (k + 1) * per))} for k in range(K)]
+
+    def _rng_round(self) -> int:
+        """The round whose random streams are drawn from now (iterative trainers; 0 otherwise)."""
+        return int(getattr(self, "_stream_round", 0))
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        """transformers' RNG states, plus this process's `rng_streams` (`rng_streams_{rank}.pt`)."""
+        super()._save_rng_state(output_dir)
+        path = os.path.join(output_dir, f"rng_streams_{self.accelerator.process_index}.pt")
+        torch.save(self.rng_streams.state_dict(), path)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        super()._load_rng_state(checkpoint)
+        path = (
+            None
+            if checkpoint is None
+            else os.path.join(checkpoint, f"rng_streams_{self.accelerator.process_index}.pt")
+        )
+        if path is not None and os.path.isfile(path):
+            self.rng_streams.load_state_dict(torch.load(path, weights_only=True))
 
     def _assign_returns(self, rollout: Rollout) -> None:
         from ..rollout import assign_returns
@@ -695,6 +721,33 @@ class MultiAgentTrainer(_BaseTrainer):
             for rec in rollout.records():
                 rec = {"step": self.state.global_step, "env_step": self.env_step, **rec}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    def _clip_groups(self) -> list[list[torch.nn.Parameter]] | None:
+        """The parameter sets clipped by their OWN norm: one per agent, plus `_extra_clip_groups()` (critics, value
+        heads). None where the engine clips (DeepSpeed, FSDP) or the agents share one base (adapters)."""
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled or self.team.shared_base:
+            return None
+        team = self.team
+        groups = [[p for _, p in team.agent_named_parameters(i)] for i in range(team.num_agents)]
+        return groups + self._extra_clip_groups()
+
+    def _extra_clip_groups(self) -> list[list[torch.nn.Parameter]]:
+        return []
+
+    def _clip_grad_norm(self, model):
+        """Clip each agent's gradient (and each critic's) by its OWN norm to `max_grad_norm`, so one module's large
+        gradient never shrinks another's update (each agent's loss touches only its own parameters: per-agent updates
+        stay separate). Returns the pre-clip norm of all of them together, as transformers logs it."""
+        groups = self._clip_groups()
+        if groups is None:
+            return super()._clip_grad_norm(model)
+        self.accelerator.unscale_gradients()  # once, before any clipping (mixed precision)
+        norms = []
+        for params in groups:
+            params = [p for p in params if p.grad is not None]
+            if params:
+                norms.append(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm).float().cpu())
+        return torch.stack(norms).norm() if norms else torch.tensor(0.0)
 
     def _record_entropy(self) -> None:
         """`agent_{i}/entropy` and their mean `entropy`: the token entropy of the sampled completions (TRL's

@@ -19,6 +19,7 @@ of R), so it defaults on only for MAGRPO.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -50,11 +51,31 @@ class MAGRPOConfig(MultiAgentConfig):
     Parameters:
         advantage_normalization: divide each group's advantages by the group's standard deviation (a group whose
             returns are all equal gets zero advantage, never amplified noise).
+        remax_baseline: `MAReMaxTrainer` only (the others refuse `"greedy"`): `"max"` — the group's best sample,
+            `A_j = R_j - max(R)` (the reference library's meaning); `"greedy"` — ReMax proper,
+            `A_j = R_j - R(greedy)`: every node is also decoded greedily by each agent (one more batched `generate`
+            per agent) and that joint action is scored in the same reward call. `"greedy"` needs `num_turns=1`.
     """
 
     advantage_normalization: bool = field(
         default=True, metadata={"help": "Z-score advantages inside each group of G samples."}
     )
+    remax_baseline: str = field(
+        default="max",
+        metadata={
+            "help": "MAReMax only: max (the group's best sample) or greedy (the greedy joint action's reward).",
+            "choices": ["max", "greedy"],
+        },
+    )
+
+    def _validate_multi_agent(self) -> None:
+        super()._validate_multi_agent()
+        if self.remax_baseline not in ("max", "greedy"):
+            raise ValueError(f"remax_baseline must be one of ['max', 'greedy'], got {self.remax_baseline!r}")
+        if self.remax_baseline == "greedy" and self.num_turns != 1:
+            raise ValueError(
+                "remax_baseline='greedy' needs num_turns=1 (the greedy joint action is a one-turn baseline)"
+            )
 
 
 class MAGRPOTrainer(MultiAgentTrainer):
@@ -93,10 +114,29 @@ class MAGRPOTrainer(MultiAgentTrainer):
     min_generations = 2
 
     def _check_config(self, args: MultiAgentConfig) -> None:
+        if getattr(args, "remax_baseline", "max") != "max" and not isinstance(self, MAReMaxTrainer):
+            raise ValueError(
+                f"remax_baseline={args.remax_baseline!r} only applies to MAReMaxTrainer; {type(self).__name__} "
+                "uses its own baseline (leave remax_baseline='max', or use MAReMaxTrainer / recipes/magrpo.py "
+                "--baseline max --remax_baseline greedy)"
+            )
+        self._check_baseline_survives(args)
         if args.num_generations < self.min_generations:
             raise ValueError(
                 f"{type(self).__name__} needs num_generations >= {self.min_generations} (its baseline compares the "
                 f"samples of a group), got {args.num_generations}"
+            )
+
+    def _check_baseline_survives(self, args: MultiAgentConfig) -> None:
+        """Warn when `advantage_normalization` erases this trainer's baseline: z-scoring a group is invariant to
+        subtracting any per-group constant (raw, leave-one-out, max, greedy), so every sibling becomes MAGRPO."""
+        if self.baseline != "mean" and getattr(args, "advantage_normalization", False):
+            warnings.warn(
+                f"{type(self).__name__} with advantage_normalization=True trains exactly as MAGRPOTrainer: z-scoring "
+                "each group removes its baseline. Set advantage_normalization=False (the default of "
+                f"{self.config_class.__name__}) to train with the {self.baseline!r} baseline.",
+                UserWarning,
+                stacklevel=3,
             )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -168,34 +208,13 @@ class MARLOOTrainer(MAGRPOTrainer):
 @dataclass
 class MAReMaxConfig(MAGRPOConfig):
     r"""Configuration of `MAReMaxTrainer`. Normalization defaults off (with it on, the trainer would be identical to
-    MAGRPO).
-
-    Parameters:
-        remax_baseline: `"max"` — the group's best sample, `A_j = R_j - max(R)` (the reference library's meaning);
-            `"greedy"` — ReMax proper, `A_j = R_j - R(greedy)`: every node is also decoded greedily by each agent
-            (one more batched `generate` per agent) and that joint action is scored in the same reward call.
-            `"greedy"` needs `num_turns=1`.
+    MAGRPO). `remax_baseline` (`"max"` or `"greedy"`) is a `MAGRPOConfig` field, so a plain `MAGRPOConfig` (the
+    recipe's) sets it too.
     """
 
     advantage_normalization: bool = field(
         default=False, metadata={"help": "Z-score advantages inside each group (makes it identical to MAGRPO)."}
     )
-    remax_baseline: str = field(
-        default="max",
-        metadata={
-            "help": "max (the group's best sample) or greedy (the greedy joint action's reward).",
-            "choices": ["max", "greedy"],
-        },
-    )
-
-    def _validate_multi_agent(self) -> None:
-        super()._validate_multi_agent()
-        if self.remax_baseline not in ("max", "greedy"):
-            raise ValueError(f"remax_baseline must be one of ['max', 'greedy'], got {self.remax_baseline!r}")
-        if self.remax_baseline == "greedy" and self.num_turns != 1:
-            raise ValueError(
-                "remax_baseline='greedy' needs num_turns=1 (the greedy joint action is a one-turn baseline)"
-            )
 
 
 class MAReMaxTrainer(MAGRPOTrainer):
@@ -217,6 +236,8 @@ class MAReMaxTrainer(MAGRPOTrainer):
         greedy = getattr(args, "remax_baseline", "max") == "greedy"
         if not greedy:
             super()._check_config(args)  # the group max needs G >= 2; the greedy baseline does not
+        else:
+            self._check_baseline_survives(args)
 
 
 class CentralizedMAGRPOTrainer(MAGRPOTrainer):

@@ -422,6 +422,7 @@ class IterativeMixin:
 
     def _start_round(self, nu: int) -> list:
         """Collect, store and select round `nu`; return this process's training batches for it."""
+        self._stream_round = nu  # round nu's random streams, from its collection through its training
         if self.args.comparator_policy == "history" or getattr(self.comparator, "needs_policy_history", False):
             self._snapshot_policy(nu - 1)
         prepare = getattr(self.comparator, "prepare", None)
@@ -438,7 +439,7 @@ class IterativeMixin:
         rounds = [
             _StoredRound(r["path"], r["num_pairs"], r["iteration"], self.num_agents) for r in self.rounds[:-1]
         ] + [records]
-        selected = self.replay_mode.select(rounds, np.random.default_rng([self.args.seed, nu]))
+        selected = self.replay_mode.select(rounds, self.rng_streams.numpy("replay", nu))
         train_pairs = [self._pair_from_record(r) for r in selected]
         m = self._metrics["train"]
         m["iter/current_iteration"].append(float(nu))
@@ -476,7 +477,8 @@ class IterativeMixin:
         target_rewards, comp_rewards = [], []
         for start in range(0, len(indices), a.rollout_buffer_size):
             items = [self.train_dataset[j] for j in indices[start : start + a.rollout_buffer_size]]
-            rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
+            with self.rng_streams.scoped("rollout", nu):
+                rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
             self.env_step += rollout.env_steps
             prompts_per_agent = [[node.prompts[i] for node in rollout.nodes] for i in range(n)]
             task_prompts = [
@@ -484,7 +486,8 @@ class IterativeMixin:
             ]
             # target side scores (rescored when the oracle is not the task reward)
             t_proc, t_raw = self._target_scores(rollout, items, task_prompts)
-            joint = self.comparator.generate(items, prompts_per_agent, Kc, self)
+            with self.rng_streams.scoped("comparator", nu):  # its draws never shift the training stream's
+                joint = self.comparator.generate(items, prompts_per_agent, Kc, self)
             joint = check_comparator_output(
                 joint, num_items=len(items), num_candidates=Kc, num_agents=n, name=a.comparator_policy
             )

@@ -257,7 +257,8 @@ class PreferenceCollectionMixin:
         was_training = self.model.training
         for start in range(0, len(indices), bs):
             items = [ds[j] for j in indices[start : start + bs]]
-            rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
+            with self.rng_streams.scoped("rollout", self._rng_round()):
+                rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
             self.env_step += rollout.env_steps
             for node in rollout.nodes:
                 r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)

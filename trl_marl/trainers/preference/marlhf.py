@@ -216,7 +216,12 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         a = self.args
         name = a.reward_model_name or self.agent_names[0]
         tok = None if a.reward_model_name else self.tokenizers[0]
-        rm = JointRewardModel.from_pretrained(name, tokenizer=tok, max_length=a.reward_max_length, seed=a.seed)
+        rm = JointRewardModel.from_pretrained(
+            name,
+            tokenizer=tok,
+            max_length=a.reward_max_length,
+            seed=self.rng_streams.seed_for("reward_model_init", self._rng_round()),
+        )
         rm.to(self.accelerator.device)
         result = rm.fit(
             self.pairs,

@@ -61,12 +61,13 @@ class JointRewardModel(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str, tokenizer=None, max_length: int | None = None, seed: int = 0, **kwargs
+        cls, name_or_path: str, tokenizer=None, max_length: int | None = None, seed: int | None = None, **kwargs
     ) -> JointRewardModel:
-        """Load the backbone from `name_or_path` with a NEWLY initialised scalar head (seeded; the global RNG
-        streams are left where they were)."""
+        """Load the backbone from `name_or_path` with a NEWLY initialised scalar head; with `seed`, the head is drawn
+        from a random stream seeded with it (the global RNG streams are left as they were, never reseeded)."""
         with _rng_preserved():
-            torch.manual_seed(seed)
+            if seed is not None:
+                torch.manual_seed(seed)
             model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1, **kwargs)
         tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(name_or_path)
         return cls(model, tok, max_length)
