@@ -8,6 +8,7 @@ recipe's embedded defaults, tuned so that it finishes in a few minutes on a CPU 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,12 @@ __all__ = [
     "explicit_flags",
     "TINY_DEFAULTS",
 ]
+
+# `--config` is TrlParser's own flag: argparse does not list it, so every recipe's --help says it here.
+CONFIG_HELP = (
+    "--config FILE.yaml: read flags from a YAML file (keys are the flag names without '--', e.g. 'learning_rate: "
+    "1e-5'); flags given on the command line override the file."
+)
 
 # Defaults for the no-argument run on the tiny local model (they are only applied to flags the user did not pass).
 TINY_DEFAULTS: dict[str, Any] = {
@@ -61,6 +68,8 @@ class RecipeArguments:
     dtype: str | None = field(default=None, metadata={"help": "Weights dtype: auto, bfloat16, float16, float32."})
     attn_implementation: str | None = field(default=None, metadata={"help": "Attention implementation."})
     tiny_seed: int = field(default=0, metadata={"help": "Seed of the tiny local model."})
+    # not a flag (init=False): the names the user set on the command line or in --config, filled by parse_recipe_args
+    explicit: set[str] = field(init=False, default_factory=set, repr=False)
 
 
 @dataclass
@@ -109,15 +118,25 @@ def parse_recipe_args(
     argv: list[str] | None = None,
     script_args_cls: type = RecipeArguments,
     tiny_defaults: dict[str, Any] | None = None,
+    description: str | None = None,
 ):
     """Parse `(script arguments, config)` from the command line / `--config` YAML.
+
+    `--help` shows `description` (default: the calling recipe's module docstring) and how `--config` works.
 
     `defaults` (always) and `TINY_DEFAULTS` updated with the recipe's `tiny_defaults` (when no model is given) fill
     only the fields the user did not set on the command line or in the YAML file.
     """
+    import argparse
+
     from trl import TrlParser
 
-    parser = TrlParser((script_args_cls, config_cls))
+    if description is None:  # the calling recipe's module docstring
+        description = sys._getframe(1).f_globals.get("__doc__") or ""
+    parser_kwargs = dict(
+        description=description.rstrip() + "\n\n" + CONFIG_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser = TrlParser((script_args_cls, config_cls), **parser_kwargs)
     recipe_args, config = parser.parse_args_and_config(args=argv)
     merged = dict(defaults or {})
     if recipe_args.model_name_or_path is None and recipe_args.agent_models is None:
@@ -125,9 +144,10 @@ def parse_recipe_args(
     explicit = explicit_flags(argv)
     overrides = {k: v for k, v in merged.items() if k not in explicit}
     if overrides:
-        parser = TrlParser((script_args_cls, config_cls))
+        parser = TrlParser((script_args_cls, config_cls), **parser_kwargs)
         parser.set_defaults(**overrides)
         recipe_args, config = parser.parse_args_and_config(args=argv)
+    recipe_args.explicit = explicit
     return recipe_args, config
 
 
@@ -162,6 +182,12 @@ def run_recipe(
 
     task = load_task(recipe_args.task)
     if task.num_agents != config.num_agents:
+        if "num_agents" in recipe_args.explicit:
+            raise ValueError(
+                f"--num_agents {config.num_agents} does not fit the built-in task {task.name!r}, which is played by "
+                f"{task.num_agents} agents (roles: {', '.join(task.roles)}): pass --num_agents {task.num_agents} or "
+                "leave it out"
+            )
         config.num_agents = task.num_agents
     model_config = {
         k: v
@@ -197,19 +223,36 @@ def run_recipe(
     if main and before is not None:
         print(f"[trl_marl] task={task.name} eval reward before training: {before:.4f}")
     trainer.train(resume_from_checkpoint=resume)
+    if trainer.state.global_step == 0:  # e.g. MADPO collected no preference pair: nothing was learnt
+        if main:
+            print(
+                f"[trl_marl] error: {trainer._name} took no training step (see the warning above); nothing was "
+                f"saved to {config.output_dir}",
+                file=sys.stderr,
+            )
+        _end_processes(trainer)
+        raise SystemExit(1)
     after = trainer.evaluate_reward()["eval_reward"] if task.eval_dataset is not None else None
     if main and after is not None:
         since = f"before: {before:.4f}" if before is not None else "resumed run"
         print(f"[trl_marl] task={task.name} eval reward after training:  {after:.4f} ({since})")
     trainer.save_model(config.output_dir)
     if main:
-        print(f"[trl_marl] saved {config.num_agents} agents to {config.output_dir}")
+        n = trainer.num_agents
+        what = f"{n} agent models ({', '.join(f'agent_{i + 1}/' for i in range(n))})"
+        if getattr(trainer, "num_roles", n) != n:  # centralized: ONE model writes every role
+            what = f"1 centralized model (agent_1/) that writes all {trainer.num_roles} roles"
+        print(f"[trl_marl] saved {what} and team.json to {config.output_dir}")
     if config.push_to_hub:
         trainer.push_to_hub()  # a built-in task is no Hub dataset: the card names none
     trainer.before_reward, trainer.after_reward = before, after
+    _end_processes(trainer)
+    return trainer
+
+
+def _end_processes(trainer: Any) -> None:
     if trainer.accelerator.num_processes > 1:
         # Tear the process group down before interpreter exit: a gloo group left to the C++ static destructors can
         # abort a rank at exit ("terminate called without an active exception") after the work is done.
         trainer.accelerator.wait_for_everyone()
         trainer.accelerator.end_training()
-    return trainer

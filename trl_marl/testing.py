@@ -5,9 +5,13 @@ Tests, recipes' default runs and benchmarks use these instead of Hub checkpoints
 
 ```python
 from trl_marl.testing import tiny_model_path
-path = tiny_model_path()                       # ~/.cache/trl_marl/tiny/llama-v512-h64-l2-seed0
+path = tiny_model_path()  # ~/.cache/trl_marl/tiny/llama-v512-h64-l2-seed0-ae67d397
 model = AutoModelForCausalLM.from_pretrained(path)
 ```
+
+The folder name is `TinyModelSpec.key()`: architecture, vocabulary, hidden size, layers and seed, then the first 8 hex
+digits of a SHA-1 of every spec field (so specs that differ elsewhere never share a folder). `$TRL_MARL_CACHE`
+replaces `~/.cache/trl_marl`.
 
 The build is deterministic per (architecture, size, seed): the tokenizer is trained on a fixed synthetic corpus and
 the weights are drawn after `torch.manual_seed(seed)`.

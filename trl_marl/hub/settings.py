@@ -166,3 +166,28 @@ def read_team_description(folder: str | os.PathLike) -> dict | None:
         return None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+# Top-level entries a team save writes (`MultiAgentTrainer._save`): agent, critic and reward-model folders. A re-used
+# output_dir may hold them from an earlier run (another trainer, more agents, LoRA instead of full weights).
+_SAVED_TEAM_ENTRY = re.compile(r"^(agent_\d+|critic|critic_\d+|reward_model)$")
+
+
+def clear_saved_team(folder: str | os.PathLike) -> list[str]:
+    """Remove what an earlier team save left in `folder` (`agent_<i>/`, `critic/`, `critic_<i>/`, `reward_model/`,
+    `team.json`) so that a new save holds only what the run writes; other entries (the user's files, `checkpoint-*`,
+    logs) are left alone. Returns the names removed."""
+    import shutil
+
+    if not os.path.isdir(folder):
+        return []
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path) and _SAVED_TEAM_ENTRY.match(name):
+            shutil.rmtree(path)
+            removed.append(name)
+        elif name == TEAM_FILE and os.path.isfile(path):
+            os.remove(path)
+            removed.append(name)
+    return removed

@@ -407,7 +407,9 @@ def load_critics(
     return modules, index, names
 
 
-def check_critic_tokenizer(critic: CausalLMWithValueHead, source: Any, tokenizer: Any, label: str, reader: str):
+def check_critic_tokenizer(
+    critic: CausalLMWithValueHead, source: Any, tokenizer: Any, label: str, reader: str, why: str | None = None
+):
     """Raise a clear `ValueError` when `critic` cannot read token ids produced by `tokenizer`.
 
     Two checks: when the critic comes from an id / path that has a tokenizer, its vocabulary must equal
@@ -418,8 +420,11 @@ def check_critic_tokenizer(critic: CausalLMWithValueHead, source: Any, tokenizer
         source: what the critic was loaded from (an id / path enables the vocabulary comparison).
         tokenizer: the tokenizer whose ids the critic reads.
         label: how to name the critic in the message (e.g. `"critic 2 ('path')"`).
-        reader: whose tokens it reads (e.g. `"agent 2"`).
+        reader: whose tokens it reads, a plain name (e.g. `"agent 2"`): it is used as `{reader}'s ...`.
+        why: said once, after "The critic reads {reader}'s token ids", when the reader needs explaining (e.g.
+            `"the joint critic input is tokenized with agent 1's tokenizer"`).
     """
+    reads = f"The critic reads {reader}'s token ids" + (f" ({why})" if why else "")
     other = None
     if isinstance(source, (str, os.PathLike)):
         try:
@@ -432,14 +437,14 @@ def check_critic_tokenizer(critic: CausalLMWithValueHead, source: Any, tokenizer
             differing = len(set(mine.items()) ^ set(theirs.items()))
             raise ValueError(
                 f"{label} is not tokenizer-compatible with {reader}: its tokenizer has {len(mine)} tokens, "
-                f"{reader}'s has {len(theirs)}, and {differing} token-id entries differ. The critic reads "
-                f"{reader}'s token ids, so it must use the same tokenizer (pick a critic from the same model family)"
+                f"{reader}'s has {len(theirs)}, and {differing} token-id entries differ. {reads}, so it must use the "
+                "same tokenizer (pick a critic from the same model family)"
             )
     emb = critic.model.get_input_embeddings()
     rows = getattr(emb, "num_embeddings", None)
     if rows is not None and len(tokenizer) > rows:
         raise ValueError(
             f"{label} is not tokenizer-compatible with {reader}: it has {rows} token embeddings but {reader}'s "
-            f"tokenizer produces ids up to {len(tokenizer) - 1}. The critic reads {reader}'s token ids, so it must "
-            "use the same tokenizer (pick a critic from the same model family)"
+            f"tokenizer produces ids up to {len(tokenizer) - 1}. {reads}, so it must use the same tokenizer (pick a "
+            "critic from the same model family)"
         )

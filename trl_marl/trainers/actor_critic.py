@@ -591,11 +591,11 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 label = (
                     f"the centralized critic ({name!r})" if len(self.streams) == 1 else f"critic {s + 1} ({name!r})"
                 )
-                reader = "agent 1 (the joint critic input is tokenized with the first agent's tokenizer)"
+                reader, why = "agent 1", "the joint critic input is tokenized with agent 1's tokenizer"
                 tok = self.tokenizers[0]
             else:
-                label, reader, tok = f"critic {s + 1} ({name!r})", f"agent {s + 1}", self.tokenizers[s]
-            check_critic_tokenizer(module, resolved[s], tok, label, reader)
+                label, reader, why, tok = f"critic {s + 1} ({name!r})", f"agent {s + 1}", None, self.tokenizers[s]
+            check_critic_tokenizer(module, resolved[s], tok, label, reader, why)
         if args.disable_dropout:
             for m in modules:
                 disable_dropout_in_model(m)

@@ -43,6 +43,7 @@ from ..checkpoint import (
 )
 from ..hub import (
     agent_role,
+    clear_saved_team,
     init_trainer_repos,
     push_trainer,
     push_trainer_checkpoint,
@@ -970,6 +971,9 @@ class MultiAgentTrainer(_BaseTrainer):
         if not self.args.should_save:
             return
         os.makedirs(output_dir, exist_ok=True)
+        # a re-used output_dir: no stale agent_i/ (an adapter_config.json, a value head), critic or reward model of an
+        # earlier run may stay beside this run's team for AgentTeam.from_pretrained or a reader to pick up
+        clear_saved_team(output_dir)
         team = self.team
         if state_dict is None:
             state_dict = team.state_dict()

@@ -447,10 +447,12 @@ class IterativeMixin:
         m["iter/total_preference_pairs"].append(float(sum(r["num_pairs"] for r in self.rounds)))
         m["iter/train_preference_pairs"].append(float(len(train_pairs)))
         if not train_pairs:
-            msg = f"{self._name} round {nu}: no preference pair to train on (all comparisons tied); no update"
-            logger.warning(msg)
+            msg = (
+                f"{self._name} round {nu}: no preference pair to train on (all comparisons tied), so this round makes "
+                "no update; raise preference_num_candidates or temperature, or check the reward"
+            )
             if self.accelerator.is_main_process:
-                print(msg)
+                logger.warning(msg)  # once: a printed copy would repeat it
             return []
         return self._round_batches(nu, train_pairs)
 

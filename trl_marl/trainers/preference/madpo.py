@@ -230,15 +230,25 @@ class PreferenceCollectionMixin:
         return args, reward_func, formatters
 
     def _end_without_pairs(self, consequence: str) -> TrainOutput:
-        """No item yielded a non-tied pair: say so clearly (a warning and a printed line) and end with no update."""
-        msg = (
-            f"{self._name}: the task items yielded no preference pair without a tie (every candidate of every item "
-            f"scored the same), so {consequence}: training ends with no policy update. Raise "
-            "preference_num_candidates or temperature, or check the reward."
+        """No item yielded a non-tied pair: say so in ONE warning (main process) that says what to change, and end
+        with no update (`state.global_step` stays 0; the recipes then exit non-zero)."""
+        k = self.args.preference_num_candidates
+        centralized = getattr(self, "_centralized_reward", None) is not None
+        hint = (
+            " With collaboration_mode='centralized' the ONE model must write every role in the tagged format: a "
+            "model that does not (a tiny or base model) scores every candidate alike; use an instruction-tuned "
+            "model or collaboration_mode='decentralized'."
+            if centralized
+            else ""
         )
-        logger.warning(msg)
+        msg = (
+            f"{self._name}: no preference pair was collected: every one of the {k} candidates of every task item "
+            f"got the same reward, so {consequence} and training ends with no policy update. To get pairs, raise "
+            f"preference_num_candidates (now {k}) or temperature (now {self.args.temperature}), use more task items, "
+            f"or check that the reward tells the candidates apart.{hint}"
+        )
         if self.accelerator.is_main_process:
-            print(msg)
+            logger.warning(msg)
         self.no_pairs_message = msg
         return TrainOutput(self.state.global_step, 0.0, {"num_pairs": 0})
 
