@@ -10,6 +10,10 @@ import torch
 
 os.environ.setdefault("CI", "1")
 torch.set_num_threads(1)
+if os.environ.get("DIST_RUN_HANG_TIMEOUT"):  # debugging aid: dump every thread's stack if a rank hangs
+    import faulthandler
+
+    faulthandler.dump_traceback_later(int(os.environ["DIST_RUN_HANG_TIMEOUT"]), exit=True)
 
 
 def reward(c1, c2):
@@ -22,7 +26,10 @@ ALL = ("magrpo", "madpo", "maac", "iac", "mappo", "marlhf", "madpoiter", "marlhf
 def main():
     out = sys.argv[1]
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
-    trainers = ALL if mode == "all" else ("magrpo", "madpo")
+    if mode.startswith("only="):  # a comma-separated list of trainers
+        trainers, mode = tuple(mode[len("only=") :].split(",")), ""
+    else:
+        trainers = ALL if mode == "all" else ("magrpo", "madpo")
     for which in trainers:
         run(which, os.path.join(out, which), mode == "hetero")
     # destroy the process group before exit (as recipes do): a gloo group left to interpreter shutdown can abort a
@@ -138,11 +145,17 @@ def run(which, out, hetero):
         )
         trainer = MADPOIterTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     trainer.train()
+    if os.environ.get("DIST_RUN_DEBUG"):
+        a = trainer.accelerator
+        sd = a.get_state_dict(trainer.model)
+        print("DEBUG", a.is_fsdp2, a.distributed_type, a.state.fsdp_plugin, {type(v).__name__ for v in sd.values()}, flush=True)
     metrics = trainer.evaluate_reward()
     trainer.save_model(out)
     # the full weights as the engine holds them (gathered under ZeRO-3), to compare with what was saved
     if trainer.is_deepspeed_enabled:
         state = trainer.accelerator.get_state_dict(trainer.deepspeed)
+    elif trainer.is_fsdp_enabled:
+        state = trainer.accelerator.get_state_dict(trainer.model)
     else:
         state = trainer.accelerator.unwrap_model(trainer.model).state_dict()
     acc = trainer.accelerator

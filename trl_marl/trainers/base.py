@@ -20,6 +20,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from ..checkpoint import (
     resolve_resume_checkpoint,
     save_checkpoint_atomically,
 )
+from ..fsdp import enable_fsdp_on_cpu, gathered_for_generation, is_fsdp2, shard_module, shard_team
 from ..hub import (
     agent_role,
     clear_saved_team,
@@ -286,6 +288,9 @@ class MultiAgentTrainer(_BaseTrainer):
         # task reward of `rollout_engine` is what evaluation always uses.
         self.train_rollout_engine = self.rollout_engine
         self.reference_models = self._build_references() if args.reference_kl_enabled else None
+        if is_fsdp2(self.accelerator):
+            # shard the team before the optimizer is built (trl_marl.fsdp: per layer, per agent, then the team)
+            shard_team(self.model, self.accelerator)
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._buffered: list | None = None
         self._step = 0
@@ -298,6 +303,11 @@ class MultiAgentTrainer(_BaseTrainer):
         self._preemption = PreemptionHandler()
         self._restored_from: str | None = None
         self.add_callback(_PreemptionCallback(self))
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        if enable_fsdp_on_cpu(self.accelerator):  # FSDP2 over gloo on a CPU-only machine (trl_marl.fsdp)
+            self.is_fsdp_enabled = True
 
     def _render(self, i: int, formatted) -> PromptText:
         text = render_prompt(formatted, self.tokenizers[i])
@@ -347,6 +357,8 @@ class MultiAgentTrainer(_BaseTrainer):
                 from trl.models.utils import prepare_deepspeed
 
                 ref = prepare_deepspeed(ref, self.accelerator)
+            elif is_fsdp2(self.accelerator):
+                ref = shard_module(ref, self.accelerator)
             else:
                 dev = devs[0 if len(devs) == 1 else i] if devs else self.agent_device(i)
                 ref.to(dev)
@@ -448,7 +460,8 @@ class MultiAgentTrainer(_BaseTrainer):
         self, prompts_per_agent: list[list[PromptText]], num_generations: int, greedy: bool = False
     ) -> list[GenerationOutput]:
         """Sample `num_generations` completions per prompt for every agent: ONE `generate` call per agent covering
-        all its prompts (prompt-major rows). Under ZeRO-3 the parameters are gathered once for the whole team."""
+        all its prompts (prompt-major rows). Under ZeRO-3 the parameters are gathered once for the whole team; under
+        FSDP2 one agent at a time (`generate_with`)."""
         with (
             torch.no_grad(),
             unwrap_model_for_generation(self.model_wrapped, self.accelerator) as team,
@@ -482,14 +495,16 @@ class MultiAgentTrainer(_BaseTrainer):
         pm = team.shared
         was_training = pm.training
         pm.eval()
+        gathered = gathered_for_generation(pm, self.model) if is_fsdp2(self.accelerator) else nullcontext()
         try:
-            out = mixed_adapter_generate(
-                pm,
-                input_ids.to(self.agent_device(0)),
-                mask.to(self.agent_device(0)),
-                [team.agents[i].adapter for i in owners],
-                self._generation_config(0, 1, greedy=greedy),
-            )
+            with gathered:
+                out = mixed_adapter_generate(
+                    pm,
+                    input_ids.to(self.agent_device(0)),
+                    mask.to(self.agent_device(0)),
+                    [team.agents[i].adapter for i in owners],
+                    self._generation_config(0, 1, greedy=greedy),
+                )
         finally:
             pm.train(was_training)
         completions = out[:, input_ids.shape[1] :].cpu()
@@ -524,7 +539,15 @@ class MultiAgentTrainer(_BaseTrainer):
         encoded = [self._encode_prompts(tok, prompts) for tok, prompts in zip(tokenizers, prompts_per_agent)]
         configs = [self._generation_config(i, G, tokenizers[i], eos_ids[i], greedy) for i in range(len(models))]
 
+        fsdp_root = self.model if is_fsdp2(self.accelerator) else None
+
         def run(i: int) -> torch.Tensor:
+            if fsdp_root is not None:  # gather this agent only, for the whole generate call
+                with gathered_for_generation(models[i], fsdp_root):
+                    return _run(i)
+            return _run(i)
+
+        def _run(i: int) -> torch.Tensor:
             model, (ids, mask) = models[i], encoded[i]
             # eval mode: transformers' generation is ~25% faster on small models than in train mode, and sampling
             # must not depend on the train/eval state anyway (dropout is disabled)
