@@ -213,6 +213,10 @@ class MultiAgentTrainer(_BaseTrainer):
                     "cannot place them on different devices"
                 )
         self._check_config(args)
+        if args.use_vllm:  # before any model loads: a clear error when vLLM is missing or unsupported
+            from ..generation.vllm_backend import check_vllm_available
+
+            check_vllm_available()
         if wandb_config:
             _apply_wandb_config(args, wandb_config)
 
@@ -278,6 +282,11 @@ class MultiAgentTrainer(_BaseTrainer):
         self._step = 0
         self.env_step = 0  # joint-action reward evaluations on this process
         self._last_eval_reward: float | None = None
+        self.vllm_generation = None  # use_vllm: the colocated engines (trl_marl.generation.vllm_backend)
+        if args.use_vllm:
+            from ..generation.vllm_backend import VLLMTeamGeneration
+
+            self.vllm_generation = VLLMTeamGeneration(self)
 
     def _render(self, i: int, formatted) -> PromptText:
         text = render_prompt(formatted, self.tokenizers[i])
@@ -428,7 +437,10 @@ class MultiAgentTrainer(_BaseTrainer):
         self, prompts_per_agent: list[list[PromptText]], num_generations: int, greedy: bool = False
     ) -> list[GenerationOutput]:
         """Sample `num_generations` completions per prompt for every agent: ONE `generate` call per agent covering
-        all its prompts (prompt-major rows). Under ZeRO-3 the parameters are gathered once for the whole team."""
+        all its prompts (prompt-major rows). Under ZeRO-3 the parameters are gathered once for the whole team.
+        With `use_vllm`, the vLLM engines sample instead (after a weight push when the agents have stepped)."""
+        if getattr(self, "vllm_generation", None) is not None:
+            return self.vllm_generation.generate(prompts_per_agent, num_generations, greedy)
         with (
             torch.no_grad(),
             unwrap_model_for_generation(self.model_wrapped, self.accelerator) as team,
