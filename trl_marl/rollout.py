@@ -59,6 +59,8 @@ class GenerationOutput:
     texts: list[str]
     prompt_ids: list[torch.Tensor]  # unpadded prompt token ids per row
     completion_ids: list[torch.Tensor]  # completion token ids per row, up to and including the first EOS
+    # per row, the sampler's log-prob of each completion token, when the backend reports them (vLLM)
+    sampling_logprobs: list[torch.Tensor] | None = None
 
 
 # generate_fn(prompts_per_agent, num_generations, greedy=False) -> one GenerationOutput per agent

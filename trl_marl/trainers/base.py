@@ -227,6 +227,10 @@ class MultiAgentTrainer(_BaseTrainer):
                     "cannot place them on different devices"
                 )
         self._check_config(args)
+        if args.use_vllm:  # before any model loads: a clear error when vLLM is missing or unsupported
+            from ..generation.vllm_backend import check_vllm_available
+
+            check_vllm_available()
         if wandb_config:
             _apply_wandb_config(args, wandb_config)
 
@@ -303,6 +307,11 @@ class MultiAgentTrainer(_BaseTrainer):
         self._preemption = PreemptionHandler()
         self._restored_from: str | None = None
         self.add_callback(_PreemptionCallback(self))
+        self.vllm_generation = None  # use_vllm: the colocated engines (trl_marl.generation.vllm_backend)
+        if args.use_vllm:
+            from ..generation.vllm_backend import VLLMTeamGeneration
+
+            self.vllm_generation = VLLMTeamGeneration(self)
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -461,7 +470,10 @@ class MultiAgentTrainer(_BaseTrainer):
     ) -> list[GenerationOutput]:
         """Sample `num_generations` completions per prompt for every agent: ONE `generate` call per agent covering
         all its prompts (prompt-major rows). Under ZeRO-3 the parameters are gathered once for the whole team; under
-        FSDP2 one agent at a time (`generate_with`)."""
+        FSDP2 one agent at a time (`generate_with`). With `use_vllm`, the vLLM engines sample instead (after a weight
+        push when the agents have stepped)."""
+        if getattr(self, "vllm_generation", None) is not None:
+            return self.vllm_generation.generate(prompts_per_agent, num_generations, greedy)
         with (
             torch.no_grad(),
             unwrap_model_for_generation(self.model_wrapped, self.accelerator) as team,

