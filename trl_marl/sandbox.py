@@ -687,6 +687,7 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
         .replace("@CHECK_WRITES@", repr(config["restrict_writes"]))
     )
     python = [*_interpreter(limits), "-c", bootstrap, json.dumps(config)]
+    cleanup_stale_dirs()  # directories a SIGKILLed fallback run left behind (once per process)
     pipes = {
         "stdin": subprocess.PIPE if serve else subprocess.DEVNULL,
         "stdout": subprocess.PIPE,
@@ -714,7 +715,6 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
         finally:
             os.close(memfd)
         return _Launched(proc, backend, isolation, None)
-    cleanup_stale_dirs()
     host_dir = _make_owned_dir()
     try:
         work = os.path.join(host_dir, "work")

@@ -545,6 +545,8 @@ class _Harness:
             namespace["check"](self.candidate)
         except _Stop:
             pass
+        except _Timeout:  # a call of `candidate` outside the test statements ran out of time
+            self.stop_reason = self.stop_reason or "the test code ran out of time"
         except Exception as e:
             self.stop_reason = self.stop_reason or f"the test code failed ({_fmt(e)})"
         finally:
