@@ -236,7 +236,9 @@ def test_limits_validation():
 # --------------------------------------------------------------------------------------------------------------
 # Backends: bubblewrap (strong), the unshare fallback, and how each is chosen
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None or sandbox._probe("bwrap") is None, reason="bubblewrap does not work here"
+)
 
 
 @linux_only
@@ -441,3 +443,11 @@ def test_stale_directories_are_removed_by_owner_marker_only(tmp_path):
     (other / "owner.json").write_text(json.dumps({"pid": dead_pid, "start": "1", "uid": os.geteuid()}))
     assert cleanup_stale_dirs(str(tmp_path), force=True) == [str(stale)]
     assert not stale.exists() and live.exists() and unmarked.exists() and other.exists()
+
+
+@linux_only
+@needs_bwrap
+def test_session_says_why_the_sandbox_did_not_start(monkeypatch):
+    monkeypatch.setattr(sandbox, "_bwrap_filesystem", lambda limits: ["--ro-bind", "/no/such/dir", "/x"])
+    s = SandboxSession("def f():\n    return 1\n", "f", SandboxLimits(timeout_s=5.0, backend="bwrap"))
+    assert not s.alive and s.load_error.startswith("the program exited (status 1): bwrap:")

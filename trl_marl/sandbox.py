@@ -691,7 +691,7 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
     pipes = {
         "stdin": subprocess.PIPE if serve else subprocess.DEVNULL,
         "stdout": subprocess.PIPE,
-        "stderr": subprocess.DEVNULL if serve else subprocess.PIPE,
+        "stderr": subprocess.PIPE,  # a session's program writes to /dev/null; only launch errors come here
     }
     if backend == "bwrap":
         memfd = os.memfd_create("trl_marl_main", os.MFD_CLOEXEC)
@@ -978,6 +978,8 @@ class SandboxSession:
         self.backend: str | None = None
         self.isolation: tuple[str, ...] = ()
         self._buf = b""
+        self._ready = False
+        self._launch_stderr = ""
         self._launched: _Launched | None = None
         _load_prctl()
         try:
@@ -991,10 +993,14 @@ class SandboxSession:
         first = self._read_reply(time.monotonic() + self.limits.timeout_s)
         if isinstance(first, CallOutcome):
             self.load_error = "defining the functions took too long" if first.status == "timeout" else first.error
+            if self._launch_stderr.strip():
+                self.load_error += ": " + _bounded(self._launch_stderr.strip().splitlines()[-1], 300)
             self.close()
         elif first.get("ready") is not True:
             self.load_error = _bounded(str(first.get("load_error", "the program could not be defined")))
             self.close()
+        else:
+            self._ready = True
 
     @property
     def alive(self) -> bool:
@@ -1037,8 +1043,12 @@ class SandboxSession:
 
     def _lost(self, status: str, error: str) -> CallOutcome:
         returncode = None
-        if self._launched is not None and _wait_exit_no_reap(self._launched.proc, 0.0):
-            returncode = self._launched.proc.poll()
+        if self._launched is not None:
+            wait = time.monotonic() + (0.5 if error.startswith("the program exited") else 0.0)
+            if _wait_exit_no_reap(self._launched.proc, wait):
+                returncode = self._launched.proc.poll()
+            if self.load_error is None and not self._ready:  # not started: say why, from the launcher's stderr
+                self._launch_stderr = _read_available(self._launched.proc.stderr.fileno(), 4096)
         self.close()
         if status == "lost" and returncode is not None and error.startswith("the program exited"):
             error = f"the program exited (status {returncode})"
@@ -1088,6 +1098,15 @@ class SandboxSession:
         if not isinstance(reply, dict):
             return self._lost("lost", "the reply was not a plain value")
         return reply
+
+
+def _read_available(fd: int, limit: int) -> str:
+    """What can be read from `fd` now, without waiting (at most `limit` bytes)."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _bounded(text: str, limit: int = 500) -> str:
