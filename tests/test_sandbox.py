@@ -121,8 +121,9 @@ def test_fork_bomb_is_stopped_by_default():
         "import os\nos.kill(424242, 9)",
     ],
 )
-def test_process_creation_signals_and_ctypes_are_blocked(src):
-    r = run_python(src, FAST)
+@pytest.mark.parametrize("backend", ["auto", "unshare"])
+def test_process_creation_signals_and_ctypes_are_blocked(src, backend):
+    r = run_python(src, SandboxLimits(timeout_s=2.0, backend=backend))
     assert r.returncode == 1 and "PermissionError" in r.stderr
 
 
@@ -135,8 +136,9 @@ def test_process_creation_signals_and_ctypes_are_blocked(src):
         "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=1)",
     ],
 )
-def test_network_is_blocked(src):
-    r = run_python(src, FAST)
+@pytest.mark.parametrize("backend", ["auto", "unshare"])
+def test_network_is_blocked(src, backend):
+    r = run_python(src, SandboxLimits(timeout_s=2.0, backend=backend))
     assert not r.ok and not r.timed_out
     assert "PermissionError" in r.stderr or "URLError" in r.stderr
 
