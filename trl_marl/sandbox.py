@@ -969,7 +969,8 @@ class SandboxSession:
     `load_error` is then None, or why defining it failed (the session is closed). Each `call` sends the encoded
     arguments and waits for one reply line; a reply is decoded by `decode_value` in this (trusted) process, so the
     sandboxed program can only ever hand back plain values. Use as a context manager or call `close()`; a timed-out
-    or broken session is killed at once and stays closed. Not thread-safe: one thread drives one session.
+    or broken session is killed at once and stays closed. Not thread-safe: one thread drives one session, and the
+    process is SIGKILLed when the thread that created it exits (the parent-death signal follows the thread).
     """
 
     def __init__(self, source: str, function: str, limits: SandboxLimits | None = None, cpu_time_s: int = 60):
