@@ -402,8 +402,31 @@ _limit(resource.RLIMIT_CPU, _cfg["cpu_time_s"])
 _limit(resource.RLIMIT_AS, _cfg["memory_bytes"])
 _limit(resource.RLIMIT_FSIZE, _cfg["max_file_bytes"])
 _limit(resource.RLIMIT_NOFILE, _cfg["max_open_files"])
+def _count_user_tasks(uid):
+    n = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/" + name + "/status") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in st.splitlines() if ":" in line)
+        if fields.get("Uid", "").split()[:1] == [str(uid)]:
+            n += int(fields.get("Threads", "1").strip() or 1)
+    return n
+
 if hasattr(resource, "RLIMIT_NPROC"):
-    _limit(resource.RLIMIT_NPROC, _cfg["max_processes"])
+    # Without a user namespace the limit counts every process of the user: add the ones that already exist.
+    _nproc = _cfg["max_processes"]
+    if "user" not in _cfg["isolation"] and os.getuid() != 0:
+        try:
+            _nproc += _count_user_tasks(os.getuid())
+        except OSError:
+            _nproc = None
+    if _nproc is not None:
+        _limit(resource.RLIMIT_NPROC, _nproc)
 
 def _readonly_root(work):
     # The unshare fallback: in the run's own mount namespace, make every mount read-only except the working
@@ -679,6 +702,7 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
         "allow_subprocesses": limits.allow_subprocesses,
         "restrict_writes": limits.restrict_writes and backend != "bwrap",
         "readonly_root": limits.restrict_writes and backend == "unshare",
+        "isolation": list(isolation),
         "serve": serve,
     }
     bootstrap = (
