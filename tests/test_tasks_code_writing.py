@@ -341,3 +341,36 @@ def test_writing_prompts_and_split():
     assert (len(train), len(evaluation)) == (48, 16)
     assert {p["id"] for p in train}.isdisjoint(p["id"] for p in evaluation)
     assert split_prompts(prompts) == (train, evaluation)
+
+
+def test_candidate_calls_outside_test_statements_cannot_crash_the_evaluator():
+    """`check` may call `candidate` in a statement that is no test (no assert): a timeout or an error there stops
+    the tests; it never escapes the evaluator."""
+    test = "def check(candidate):\n    x = candidate([1])\n    assert candidate([1, 2, 3]) == 14\n"
+    item = {**ITEM, "test": test}
+    ev = CodeEvaluator(test_timeout_s=0.5, timeout_s=3.0, max_workers=1)
+    loop, ok = ev.evaluate([AUX, AUX], [LOOP, USES_AUX], [item, item])
+    assert [t.status for t in loop.tests] == ["not_run"] and "ran out of time" in loop.tests[0].detail
+    assert ok.passed == 1 and ok.reward == pytest.approx(4.0)
+
+
+def test_random_test_inputs_are_private_and_reproducible():
+    """A test's `import random` gets its own seeded module: the trainer's global random state is untouched and two
+    evaluations of the same program see the same inputs."""
+    import random
+
+    test = (
+        "import random\n\ndef check(candidate):\n"
+        "    for _ in range(5):\n        xs = [random.randint(-9, 9) for _ in range(4)]\n"
+        "        assert candidate(xs) == sum(x * x for x in xs)\n"
+    )
+    item = {**ITEM, "test": test}
+    random.seed(1234)
+    before = random.getstate()
+    records = []
+    for _ in range(2):
+        ev = CodeEvaluator(test_timeout_s=1.0, timeout_s=5.0, max_workers=1)
+        [result] = ev.evaluate([AUX], [main("    return numbers")], [item])  # echoes its input
+        records.append([t.detail for t in result.tests])
+    assert random.getstate() == before
+    assert records[0] == records[1] and records[0][0].startswith("returned [")

@@ -402,8 +402,31 @@ _limit(resource.RLIMIT_CPU, _cfg["cpu_time_s"])
 _limit(resource.RLIMIT_AS, _cfg["memory_bytes"])
 _limit(resource.RLIMIT_FSIZE, _cfg["max_file_bytes"])
 _limit(resource.RLIMIT_NOFILE, _cfg["max_open_files"])
+def _count_user_tasks(uid):
+    n = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/" + name + "/status") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in st.splitlines() if ":" in line)
+        if fields.get("Uid", "").split()[:1] == [str(uid)]:
+            n += int(fields.get("Threads", "1").strip() or 1)
+    return n
+
 if hasattr(resource, "RLIMIT_NPROC"):
-    _limit(resource.RLIMIT_NPROC, _cfg["max_processes"])
+    # Without a user namespace the limit counts every process of the user: add the ones that already exist.
+    _nproc = _cfg["max_processes"]
+    if "user" not in _cfg["isolation"] and os.getuid() != 0:
+        try:
+            _nproc += _count_user_tasks(os.getuid())
+        except OSError:
+            _nproc = None
+    if _nproc is not None:
+        _limit(resource.RLIMIT_NPROC, _nproc)
 
 def _readonly_root(work):
     # The unshare fallback: in the run's own mount namespace, make every mount read-only except the working
@@ -679,6 +702,7 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
         "allow_subprocesses": limits.allow_subprocesses,
         "restrict_writes": limits.restrict_writes and backend != "bwrap",
         "readonly_root": limits.restrict_writes and backend == "unshare",
+        "isolation": list(isolation),
         "serve": serve,
     }
     bootstrap = (
@@ -687,10 +711,11 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
         .replace("@CHECK_WRITES@", repr(config["restrict_writes"]))
     )
     python = [*_interpreter(limits), "-c", bootstrap, json.dumps(config)]
+    cleanup_stale_dirs()  # directories a SIGKILLed fallback run left behind (once per process)
     pipes = {
         "stdin": subprocess.PIPE if serve else subprocess.DEVNULL,
         "stdout": subprocess.PIPE,
-        "stderr": subprocess.DEVNULL if serve else subprocess.PIPE,
+        "stderr": subprocess.PIPE,  # a session's program writes to /dev/null; only launch errors come here
     }
     if backend == "bwrap":
         memfd = os.memfd_create("trl_marl_main", os.MFD_CLOEXEC)
@@ -714,7 +739,6 @@ def _launch(source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: i
         finally:
             os.close(memfd)
         return _Launched(proc, backend, isolation, None)
-    cleanup_stale_dirs()
     host_dir = _make_owned_dir()
     try:
         work = os.path.join(host_dir, "work")
@@ -969,7 +993,8 @@ class SandboxSession:
     `load_error` is then None, or why defining it failed (the session is closed). Each `call` sends the encoded
     arguments and waits for one reply line; a reply is decoded by `decode_value` in this (trusted) process, so the
     sandboxed program can only ever hand back plain values. Use as a context manager or call `close()`; a timed-out
-    or broken session is killed at once and stays closed. Not thread-safe: one thread drives one session.
+    or broken session is killed at once and stays closed. Not thread-safe: one thread drives one session, and the
+    process is SIGKILLed when the thread that created it exits (the parent-death signal follows the thread).
     """
 
     def __init__(self, source: str, function: str, limits: SandboxLimits | None = None, cpu_time_s: int = 60):
@@ -978,6 +1003,8 @@ class SandboxSession:
         self.backend: str | None = None
         self.isolation: tuple[str, ...] = ()
         self._buf = b""
+        self._ready = False
+        self._launch_stderr = ""
         self._launched: _Launched | None = None
         _load_prctl()
         try:
@@ -991,10 +1018,14 @@ class SandboxSession:
         first = self._read_reply(time.monotonic() + self.limits.timeout_s)
         if isinstance(first, CallOutcome):
             self.load_error = "defining the functions took too long" if first.status == "timeout" else first.error
+            if self._launch_stderr.strip():
+                self.load_error += ": " + _bounded(self._launch_stderr.strip().splitlines()[-1], 300)
             self.close()
         elif first.get("ready") is not True:
             self.load_error = _bounded(str(first.get("load_error", "the program could not be defined")))
             self.close()
+        else:
+            self._ready = True
 
     @property
     def alive(self) -> bool:
@@ -1037,8 +1068,12 @@ class SandboxSession:
 
     def _lost(self, status: str, error: str) -> CallOutcome:
         returncode = None
-        if self._launched is not None and _wait_exit_no_reap(self._launched.proc, 0.0):
-            returncode = self._launched.proc.poll()
+        if self._launched is not None:
+            wait = time.monotonic() + (0.5 if error.startswith("the program exited") else 0.0)
+            if _wait_exit_no_reap(self._launched.proc, wait):
+                returncode = self._launched.proc.poll()
+            if self.load_error is None and not self._ready:  # not started: say why, from the launcher's stderr
+                self._launch_stderr = _read_available(self._launched.proc.stderr.fileno(), 4096)
         self.close()
         if status == "lost" and returncode is not None and error.startswith("the program exited"):
             error = f"the program exited (status {returncode})"
@@ -1088,6 +1123,15 @@ class SandboxSession:
         if not isinstance(reply, dict):
             return self._lost("lost", "the reply was not a plain value")
         return reply
+
+
+def _read_available(fd: int, limit: int) -> str:
+    """What can be read from `fd` now, without waiting (at most `limit` bytes)."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _bounded(text: str, limit: int = 500) -> str:

@@ -499,7 +499,7 @@ class _Harness:
     def __init__(self, evaluator: CodeEvaluator, prepared: PreparedProblem, program: str):
         self.evaluator, self.prepared, self.program = evaluator, prepared, program
         self.deadline = time.monotonic() + evaluator.limits.timeout_s
-        self.test_deadline = self.deadline
+        self.test_deadline: float | None = None  # None: no test statement is running
         self.session: SandboxSession | None = None
         self.timeouts = 0
         self.stop_reason: str | None = None
@@ -546,6 +546,8 @@ class _Harness:
             namespace["check"](self.candidate)
         except _Stop:
             pass
+        except _Timeout:  # a call of `candidate` outside the test statements ran out of time
+            self.stop_reason = self.stop_reason or "the test code ran out of time"
         except Exception as e:
             self.stop_reason = self.stop_reason or f"the test code failed ({_fmt(e)})"
         finally:
@@ -557,7 +559,10 @@ class _Harness:
     def candidate(self, *args, **kwargs):
         if self.stop_reason is not None:
             raise _Stop()
-        remaining = min(self.test_deadline, self.deadline) - time.monotonic()
+        deadline = self.test_deadline
+        if deadline is None:  # a call outside the test statements: its own time limit
+            deadline = time.monotonic() + self.evaluator.test_timeout_s
+        remaining = min(deadline, self.deadline) - time.monotonic()
         if remaining <= 0:
             raise _Timeout()
         if self.session is None:  # killed by a timeout in an earlier test: a fresh process for this one
@@ -565,7 +570,7 @@ class _Harness:
             if error is not None:
                 self.stop_reason = f"the program could not be defined again ({error})"
                 raise _Stop()
-            remaining = min(self.test_deadline, self.deadline) - time.monotonic()
+            remaining = min(deadline, self.deadline) - time.monotonic()
         out = self.session.call(args, kwargs, max(remaining, 0.001))
         if out.status == "value":
             return out.value
@@ -586,9 +591,11 @@ class _Harness:
         return value
 
     def passed(self, k: int) -> None:
+        self.test_deadline = None
         self.outcomes[k] = TestOutcome(self.prepared.tests[k], "passed")
 
     def failed(self, k: int, e: BaseException) -> None:
+        self.test_deadline = None
         source = self.prepared.tests[k]
         if isinstance(e, _Stop):
             raise e
