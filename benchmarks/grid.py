@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -40,13 +41,14 @@ from typing import Any
 from _common import (
     DOCS_IMG,
     RESULTS,
-    ROOT,
     TINY_MODEL,
     emit_result,
     machine,
     peak_rss_mb,
+    publish_figures,
     pyplot,
     run_child,
+    scratch_dir,
     set_offline_env,
     story_prompts,
     team_formatters,
@@ -84,6 +86,9 @@ def label(cfg: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------- child
 
 
+DEFAULT_OUTPUT = RESULTS / "grid.json"
+
+
 def build_trainer(cfg: dict[str, Any], args: argparse.Namespace, callbacks: list):
     """The trainer of one configuration on the tiny model and the n-agent coordination task."""
     from datasets import Dataset
@@ -94,7 +99,7 @@ def build_trainer(cfg: dict[str, Any], args: argparse.Namespace, callbacks: list
     path = tiny_model_path()
     n, G, name = cfg["num_agents"], cfg["num_generations"], cfg["trainer"]
     common: dict[str, Any] = dict(
-        output_dir=str(ROOT / "outputs" / "bench-grid"),
+        output_dir=scratch_dir("grid"),
         num_agents=n,
         max_new_tokens=cfg["max_new_tokens"],
         rollout_buffer_size=args.prompts_per_step,
@@ -219,7 +224,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "init_s": init_s,
         "train_wall_s": train_wall_s,
     }
-    if cfg["trainer"] == "MADPO":
+    if cfg["trainer"] == "MADPO":  # it trains on collected pairs: its timed steps generate nothing
         result["pairs_per_s"] = trainer.args.per_device_train_batch_size / (total / n)
     if setup_timers:
         setup = acc["setup"]
@@ -241,12 +246,26 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 def add_ratios(results: list[dict[str, Any]]) -> None:
     """`*_vs_ref`: every result against R (the first result), same run."""
     ref = results[0]
+
+    def ratio(a: float, b: float) -> float:  # NaN where R measured nothing (e.g. no generation in 1 timed step)
+        return a / b if b else math.nan
+
     for r in results:
-        r["s_per_step_vs_ref"] = r["s_per_step_mean"] / ref["s_per_step_mean"]
-        r["cpu_s_per_step_vs_ref"] = r["cpu_s_per_step_mean"] / ref["cpu_s_per_step_mean"]
-        r["prompts_per_s_vs_ref"] = r["prompts_per_s"] / ref["prompts_per_s"]
-        r["tokens_per_s_vs_ref"] = r["tokens_per_s"] / ref["tokens_per_s"]
-        r["peak_rss_vs_ref"] = r["peak_rss_mb"] / ref["peak_rss_mb"]
+        r["s_per_step_vs_ref"] = ratio(r["s_per_step_mean"], ref["s_per_step_mean"])
+        r["cpu_s_per_step_vs_ref"] = ratio(r["cpu_s_per_step_mean"], ref["cpu_s_per_step_mean"])
+        r["prompts_per_s_vs_ref"] = ratio(r["prompts_per_s"], ref["prompts_per_s"])
+        r["tokens_per_s_vs_ref"] = ratio(r["tokens_per_s"], ref["tokens_per_s"])
+        r["peak_rss_vs_ref"] = ratio(r["peak_rss_mb"], ref["peak_rss_mb"])
+
+
+def prompts_cell(r: dict[str, Any]) -> tuple[str, str]:
+    """(prompts/s, its ratio to R) for the tables: MADPO's steps train on collected pairs (pairs/s instead); a run
+    whose timed steps generated nothing (e.g. MAPPO's epochs reusing one rollout, with --steps 1) shows 0 and '-'."""
+    if r["prompts_per_s"] > 0:
+        return f"{r['prompts_per_s']:.1f}", f"{r['prompts_per_s_vs_ref']:.2f}"
+    if "pairs_per_s" in r:
+        return f"({r['pairs_per_s']:.0f} pairs/s)", "-"
+    return "0 (no generation timed)", "-"
 
 
 def section(results: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -273,8 +292,7 @@ def markdown(results: list[dict[str, Any]], sections: list[str]) -> str:
         lines += [f"**{name}** (`{field}`)", "", head.format(first=field), "|" + "---|" * 14]
         for r in section(results, name):
             ph = r["phase_s_per_step"]
-            pps = f"{r['prompts_per_s']:.1f}" if r["prompts_per_s"] > 0 else f"({r['pairs_per_s']:.0f} pairs/s)"
-            ratio = f"{r['prompts_per_s_vs_ref']:.2f}" if r["prompts_per_s"] > 0 else "-"
+            pps, ratio = prompts_cell(r)
             lines.append(
                 f"| {r['config'][field]} | {r['s_per_step_mean']:.3f} | {r['s_per_step_vs_ref']:.2f} | "
                 f"{r['cpu_s_per_step_mean']:.3f} | {r['cpu_s_per_step_vs_ref']:.2f} | "
@@ -365,7 +383,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--items", type=int, default=32, help="task items in the training set")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3, help="interleaved passes; each configuration keeps its fastest")
-    p.add_argument("--output", default=str(RESULTS / "grid.json"))
+    p.add_argument(
+        "--output",
+        default=str(DEFAULT_OUTPUT),
+        help="result JSON; the figures go beside it (and to docs/img/ only when this is the default)",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     set_offline_env()
@@ -418,14 +440,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     write_json(out, report)
     figures = plot(results, args.only, out.parent)
-    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-    for f in figures:
-        (DOCS_IMG / f.name).write_bytes(f.read_bytes())
+    copies = publish_figures(figures, out, DEFAULT_OUTPUT)
     print()
     print(markdown(results, args.only))
-    print(
-        f"\nwritten to {out} and {', '.join(str(f) for f in figures)} (copied to {DOCS_IMG}); {report['wall_s']:.0f} s"
-    )
+    copied = f" (copied to {DOCS_IMG})" if copies else ""
+    print(f"\nwritten to {out} and {', '.join(str(f) for f in figures)}{copied}; {report['wall_s']:.0f} s")
     return report
 
 
