@@ -67,12 +67,15 @@ SWEEPS: dict[str, tuple[str, list]] = {
 PHASES = ["generation", "reward", "scoring", "update", "other"]
 
 
-def configurations(sections: list[str]) -> list[dict[str, Any]]:
-    """The unique configurations of the chosen sections (R first), each `REFERENCE` with one field changed."""
+def configurations(sections: list[str], trainers: list[str] | None = None) -> list[dict[str, Any]]:
+    """The unique configurations of the chosen sections (R first), each `REFERENCE` with one field changed;
+    `trainers` restricts the trainers section."""
     out = [dict(REFERENCE)]
     for name in sections:
         field, values = SWEEPS[name]
         for v in values:
+            if name == "trainers" and trainers is not None and v not in trainers:
+                continue
             cfg = {**REFERENCE, field: v}
             if cfg not in out:
                 out.append(cfg)
@@ -377,6 +380,7 @@ def plot(results: list[dict[str, Any]], sections: list[str], out: Path) -> list[
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="*", choices=list(SWEEPS), default=list(SWEEPS), help="sections to run")
+    p.add_argument("--trainers", nargs="+", choices=TRAINERS, default=None, help="the trainers section's trainers")
     p.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     p.add_argument("--prompts_per_step", type=int, default=4, help="rollout_buffer_size")
@@ -402,7 +406,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         *("--prompts_per_step", str(args.prompts_per_step), "--items", str(args.items)),
     ]
     t_start = time.perf_counter()
-    configs = configurations(args.only)
+    configs = configurations(args.only, args.trainers)
     runs: list[list[dict[str, Any]]] = [[] for _ in configs]
     for rep in range(args.repeats):  # interleaved passes: a burst of load hits one repeat of many configurations
         for k, cfg in enumerate(configs):
