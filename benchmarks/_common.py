@@ -7,12 +7,15 @@ The scripts import this module as `_common` (they run as `python benchmarks/<nam
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,27 @@ def set_offline_env() -> None:
         "TRL_EXPERIMENTAL_SILENCE": "1",
     }.items():
         os.environ.setdefault(k, v)
+
+
+def scratch_dir(name: str) -> str:
+    """A fresh temporary folder for a benchmark trainer's `output_dir` (these runs keep nothing there), removed at
+    exit: a benchmark writes only where its `--output` flag says."""
+    path = tempfile.mkdtemp(prefix=f"trl_marl-bench-{name}-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def publish_figures(figures: Sequence[Path], output: Path, default_output: Path) -> list[Path]:
+    """Copy `figures` to `docs/img/` (the docs show them) only for a run whose `--output` is the default results file;
+    a run pointed elsewhere writes nothing into the checkout. Returns the copies."""
+    if Path(output).resolve() != Path(default_output).resolve():
+        return []
+    DOCS_IMG.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for f in figures:
+        (DOCS_IMG / f.name).write_bytes(f.read_bytes())
+        copies.append(DOCS_IMG / f.name)
+    return copies
 
 
 def story_prompts(n: int) -> list[str]:

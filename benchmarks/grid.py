@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -40,13 +41,14 @@ from typing import Any
 from _common import (
     DOCS_IMG,
     RESULTS,
-    ROOT,
     TINY_MODEL,
     emit_result,
     machine,
     peak_rss_mb,
+    publish_figures,
     pyplot,
     run_child,
+    scratch_dir,
     set_offline_env,
     story_prompts,
     team_formatters,
@@ -65,12 +67,15 @@ SWEEPS: dict[str, tuple[str, list]] = {
 PHASES = ["generation", "reward", "scoring", "update", "other"]
 
 
-def configurations(sections: list[str]) -> list[dict[str, Any]]:
-    """The unique configurations of the chosen sections (R first), each `REFERENCE` with one field changed."""
+def configurations(sections: list[str], trainers: list[str] | None = None) -> list[dict[str, Any]]:
+    """The unique configurations of the chosen sections (R first), each `REFERENCE` with one field changed;
+    `trainers` restricts the trainers section."""
     out = [dict(REFERENCE)]
     for name in sections:
         field, values = SWEEPS[name]
         for v in values:
+            if name == "trainers" and trainers is not None and v not in trainers:
+                continue
             cfg = {**REFERENCE, field: v}
             if cfg not in out:
                 out.append(cfg)
@@ -84,6 +89,9 @@ def label(cfg: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------- child
 
 
+DEFAULT_OUTPUT = RESULTS / "grid.json"
+
+
 def build_trainer(cfg: dict[str, Any], args: argparse.Namespace, callbacks: list):
     """The trainer of one configuration on the tiny model and the n-agent coordination task."""
     from datasets import Dataset
@@ -94,7 +102,7 @@ def build_trainer(cfg: dict[str, Any], args: argparse.Namespace, callbacks: list
     path = tiny_model_path()
     n, G, name = cfg["num_agents"], cfg["num_generations"], cfg["trainer"]
     common: dict[str, Any] = dict(
-        output_dir=str(ROOT / "outputs" / "bench-grid"),
+        output_dir=scratch_dir("grid"),
         num_agents=n,
         max_new_tokens=cfg["max_new_tokens"],
         rollout_buffer_size=args.prompts_per_step,
@@ -219,7 +227,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "init_s": init_s,
         "train_wall_s": train_wall_s,
     }
-    if cfg["trainer"] == "MADPO":
+    if cfg["trainer"] == "MADPO":  # it trains on collected pairs: its timed steps generate nothing
         result["pairs_per_s"] = trainer.args.per_device_train_batch_size / (total / n)
     if setup_timers:
         setup = acc["setup"]
@@ -241,12 +249,26 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 def add_ratios(results: list[dict[str, Any]]) -> None:
     """`*_vs_ref`: every result against R (the first result), same run."""
     ref = results[0]
+
+    def ratio(a: float, b: float) -> float:  # NaN where R measured nothing (e.g. no generation in 1 timed step)
+        return a / b if b else math.nan
+
     for r in results:
-        r["s_per_step_vs_ref"] = r["s_per_step_mean"] / ref["s_per_step_mean"]
-        r["cpu_s_per_step_vs_ref"] = r["cpu_s_per_step_mean"] / ref["cpu_s_per_step_mean"]
-        r["prompts_per_s_vs_ref"] = r["prompts_per_s"] / ref["prompts_per_s"]
-        r["tokens_per_s_vs_ref"] = r["tokens_per_s"] / ref["tokens_per_s"]
-        r["peak_rss_vs_ref"] = r["peak_rss_mb"] / ref["peak_rss_mb"]
+        r["s_per_step_vs_ref"] = ratio(r["s_per_step_mean"], ref["s_per_step_mean"])
+        r["cpu_s_per_step_vs_ref"] = ratio(r["cpu_s_per_step_mean"], ref["cpu_s_per_step_mean"])
+        r["prompts_per_s_vs_ref"] = ratio(r["prompts_per_s"], ref["prompts_per_s"])
+        r["tokens_per_s_vs_ref"] = ratio(r["tokens_per_s"], ref["tokens_per_s"])
+        r["peak_rss_vs_ref"] = ratio(r["peak_rss_mb"], ref["peak_rss_mb"])
+
+
+def prompts_cell(r: dict[str, Any]) -> tuple[str, str]:
+    """(prompts/s, its ratio to R) for the tables: MADPO's steps train on collected pairs (pairs/s instead); a run
+    whose timed steps generated nothing (e.g. MAPPO's epochs reusing one rollout, with --steps 1) shows 0 and '-'."""
+    if r["prompts_per_s"] > 0:
+        return f"{r['prompts_per_s']:.1f}", f"{r['prompts_per_s_vs_ref']:.2f}"
+    if "pairs_per_s" in r:
+        return f"({r['pairs_per_s']:.0f} pairs/s)", "-"
+    return "0 (no generation timed)", "-"
 
 
 def section(results: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -273,8 +295,7 @@ def markdown(results: list[dict[str, Any]], sections: list[str]) -> str:
         lines += [f"**{name}** (`{field}`)", "", head.format(first=field), "|" + "---|" * 14]
         for r in section(results, name):
             ph = r["phase_s_per_step"]
-            pps = f"{r['prompts_per_s']:.1f}" if r["prompts_per_s"] > 0 else f"({r['pairs_per_s']:.0f} pairs/s)"
-            ratio = f"{r['prompts_per_s_vs_ref']:.2f}" if r["prompts_per_s"] > 0 else "-"
+            pps, ratio = prompts_cell(r)
             lines.append(
                 f"| {r['config'][field]} | {r['s_per_step_mean']:.3f} | {r['s_per_step_vs_ref']:.2f} | "
                 f"{r['cpu_s_per_step_mean']:.3f} | {r['cpu_s_per_step_vs_ref']:.2f} | "
@@ -359,13 +380,18 @@ def plot(results: list[dict[str, Any]], sections: list[str], out: Path) -> list[
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="*", choices=list(SWEEPS), default=list(SWEEPS), help="sections to run")
+    p.add_argument("--trainers", nargs="+", choices=TRAINERS, default=None, help="the trainers section's trainers")
     p.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
     p.add_argument("--prompts_per_step", type=int, default=4, help="rollout_buffer_size")
     p.add_argument("--items", type=int, default=32, help="task items in the training set")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3, help="interleaved passes; each configuration keeps its fastest")
-    p.add_argument("--output", default=str(RESULTS / "grid.json"))
+    p.add_argument(
+        "--output",
+        default=str(DEFAULT_OUTPUT),
+        help="result JSON; the figures go beside it (and to docs/img/ only when this is the default)",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     set_offline_env()
@@ -380,7 +406,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         *("--prompts_per_step", str(args.prompts_per_step), "--items", str(args.items)),
     ]
     t_start = time.perf_counter()
-    configs = configurations(args.only)
+    configs = configurations(args.only, args.trainers)
     runs: list[list[dict[str, Any]]] = [[] for _ in configs]
     for rep in range(args.repeats):  # interleaved passes: a burst of load hits one repeat of many configurations
         for k, cfg in enumerate(configs):
@@ -418,14 +444,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     write_json(out, report)
     figures = plot(results, args.only, out.parent)
-    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-    for f in figures:
-        (DOCS_IMG / f.name).write_bytes(f.read_bytes())
+    copies = publish_figures(figures, out, DEFAULT_OUTPUT)
     print()
     print(markdown(results, args.only))
-    print(
-        f"\nwritten to {out} and {', '.join(str(f) for f in figures)} (copied to {DOCS_IMG}); {report['wall_s']:.0f} s"
-    )
+    copied = f" (copied to {DOCS_IMG})" if copies else ""
+    print(f"\nwritten to {out} and {', '.join(str(f) for f in figures)}{copied}; {report['wall_s']:.0f} s")
     return report
 
 

@@ -43,6 +43,7 @@ from _common import (
     TINY_MODEL,
     emit_result,
     machine,
+    publish_figures,
     pyplot,
     run_child,
     set_offline_env,
@@ -96,6 +97,9 @@ def curve_of(trainer: Any) -> dict[str, list[float]]:
         "eval_reward": [points[s] for s in steps],
         "env_step": [env_at.get(s, math.nan) for s in steps],
     }
+
+
+DEFAULT_OUTPUT = RESULTS / "learning_curves.json"
 
 
 def run_trainer(task: str, trainer_name: str, seeds: list[int], args: argparse.Namespace) -> dict[str, Any]:
@@ -212,7 +216,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--eval_interval", type=int, default=5)
     p.add_argument("--max_steps", type=int, default=40, help="training steps of every run (0: the recipes' own)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--output", default=str(RESULTS / "learning_curves.json"))
+    p.add_argument(
+        "--output",
+        default=str(DEFAULT_OUTPUT),
+        help="result JSON; the figures go beside it (and to docs/img/ only when this is the default)",
+    )
     p.add_argument("--child", nargs=2, metavar=("TASK", "TRAINER"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     set_offline_env()
@@ -257,14 +265,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     write_json(out, report)
     figures = plot(entries, out.parent)
-    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-    for f in figures:
-        (DOCS_IMG / f.name).write_bytes(f.read_bytes())
+    copies = publish_figures(figures, out, DEFAULT_OUTPUT)
     print()
     print(markdown(entries))
-    print(
-        f"\nwritten to {out} and {', '.join(str(f) for f in figures)} (copied to {DOCS_IMG}); {report['wall_s']:.0f} s"
-    )
+    copied = f" (copied to {DOCS_IMG})" if copies else ""
+    print(f"\nwritten to {out} and {', '.join(str(f) for f in figures)}{copied}; {report['wall_s']:.0f} s")
     return report
 
 

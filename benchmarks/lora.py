@@ -2,6 +2,7 @@
 call per agent. Every figure is measured in this run; memory configurations each run in their own process.
 
     python benchmarks/lora.py              # writes benchmarks/results/lora.json
+    python benchmarks/lora.py --memory_model tiny --repeats 1 --output /tmp/lora.json   # smallest: a smoke run
 
 Memory: peak RSS growth of a process (over its RSS right after the imports) while it builds the team and takes two
 MAGRPO steps, on a model big enough that weights dominate (Llama-shaped, hidden 2048, 4 layers, ~200M parameters,
@@ -19,6 +20,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import scratch_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 BIG = dict(
@@ -38,7 +41,11 @@ def _current_rss_mb() -> float:
     return _rss_mb()
 
 
-def memory_child(agents: int, shared: bool) -> dict:
+# the memory runs' model: `big` (the figures: weights dominate) or `tiny` (a quick smoke run of the script)
+MEMORY_MODELS = {"big": BIG, "tiny": {}}
+
+
+def memory_child(agents: int, shared: bool, model: str = "big") -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -47,11 +54,11 @@ def memory_child(agents: int, shared: bool) -> dict:
     from trl_marl.testing import tiny_model_path
 
     torch.set_num_threads(1)
-    path = tiny_model_path(**BIG)
+    path = tiny_model_path(**MEMORY_MODELS[model])
     base = _current_rss_mb()
     data = Dataset.from_list([{"prompt": f"Topic {i}."} for i in range(8)])
     cfg = MAGRPOConfig(
-        output_dir=str(ROOT / "outputs" / "bench-lora"),
+        output_dir=scratch_dir("lora"),
         num_agents=agents,
         num_generations=2,
         max_new_tokens=8,
@@ -84,7 +91,7 @@ def generation_speed(repeats: int) -> dict:
     torch.set_num_threads(1)
     data = Dataset.from_list([{"prompt": f"Topic {i}."} for i in range(8)])
     cfg = MAGRPOConfig(
-        output_dir=str(ROOT / "outputs" / "bench-lora"),
+        output_dir=scratch_dir("lora"),
         num_agents=4,
         num_generations=4,
         max_new_tokens=16,
@@ -129,20 +136,26 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--child", default=None)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--memory_model", choices=list(MEMORY_MODELS), default="big", help="model of the memory runs")
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "lora.json"))
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("CI", "1")
     if args.child:
         agents, shared = args.child.split(",")
-        print("RESULT " + json.dumps(memory_child(int(agents), shared == "1")))
+        print("RESULT " + json.dumps(memory_child(int(agents), shared == "1", args.memory_model)))
         return {}
     from trl_marl.testing import tiny_model_path
 
-    tiny_model_path(**BIG)  # build once, outside the measured processes
+    tiny_model_path(**MEMORY_MODELS[args.memory_model])  # build once, outside the measured processes
     memory = []
     for spec in ("1,0", "4,1", "4,0"):
-        proc = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", spec, "--memory_model", args.memory_model],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
             sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
@@ -152,7 +165,7 @@ def main(argv=None) -> dict:
     for m in memory:
         m["vs_single_agent"] = m["peak_rss_growth_mb"] / single
     speed = generation_speed(args.repeats)
-    report = {"model": BIG, "memory": memory, "generation_4_agents": speed}
+    report = {"model": MEMORY_MODELS[args.memory_model] or "tiny", "memory": memory, "generation_4_agents": speed}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

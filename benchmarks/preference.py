@@ -20,6 +20,8 @@ import os
 import time
 from pathlib import Path
 
+from _common import scratch_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -52,7 +54,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     data = Dataset.from_list([{"prompt": f"Together, describe {TOPICS[i % len(TOPICS)]}."} for i in range(args.items)])
     cfg = MADPOConfig(
-        output_dir=str(ROOT / "outputs" / "bench-madpo"),
+        output_dir=scratch_dir("madpo"),
         max_new_tokens=16,
         rollout_buffer_size=16,
         preference_num_candidates=args.candidates,

@@ -21,7 +21,16 @@ import statistics
 import time
 from pathlib import Path
 
-from _common import ROOT, emit_result, peak_rss_mb, run_child, set_offline_env, story_prompts, write_json
+from _common import (
+    ROOT,
+    emit_result,
+    peak_rss_mb,
+    run_child,
+    scratch_dir,
+    set_offline_env,
+    story_prompts,
+    write_json,
+)
 
 
 def run_bare(args) -> dict:
@@ -112,7 +121,7 @@ def run_trainer(args) -> dict:
 
     timer = StepTimer()
     cfg = MAGRPOConfig(
-        output_dir=str(ROOT / "outputs" / "bench"),
+        output_dir=scratch_dir("throughput"),
         num_agents=2,
         num_generations=args.num_generations,
         max_new_tokens=args.max_new_tokens,

@@ -141,3 +141,18 @@ def test_testing_docstring_gives_the_real_cache_folder_name(tiny_path):
     import trl_marl.testing
 
     assert Path(tiny_path).name in trl_marl.testing.__doc__
+
+
+# ------------------------------------------------------------------ 7. classic-marl traces match the command
+@pytest.mark.slow
+def test_classic_marl_docs_show_the_default_commands_traces(tmp_path, capsys):
+    """docs/classic-marl.md shows the seed-0 greedy traces of `python recipes/gridworld.py` (seeds are trained
+    independently, so one seed reproduces them)."""
+    load_recipe("gridworld").main(["--seeds", "1", "--no-competitive", "--output_dir", str(tmp_path)])
+    traces = [ln.strip() for ln in capsys.readouterr().out.splitlines() if " A: (" in ln or " B: (" in ln]
+    assert len(traces) == 8
+    doc = (ROOT / "docs" / "classic-marl.md").read_text()
+    shown = {" ".join(ln.split()) for ln in doc.splitlines()}
+    for line in traces:
+        assert " ".join(line.split()) in shown, line
+    assert "as the default command above (`python recipes/gridworld.py`) prints them" in doc
