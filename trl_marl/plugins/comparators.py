@@ -150,7 +150,11 @@ class CurrentComparator(ModelComparator):
 
 class CurrentCopyComparator(CurrentComparator):
     """A frozen copy of the current agents on `comparator_devices`, refreshed at every collection phase. When the
-    comparator devices are the agents' own (or unset) the live agents are used directly (no copy)."""
+    comparator devices are the agents' own (or unset) the live agents are used directly (no copy).
+
+    Under DeepSpeed ZeRO-3 the live agents' parameters are partitioned across processes: the copy is then built from
+    their GATHERED weights (`deepspeed.zero.GatheredParameters`, on every process) as a plain, full model, whenever
+    `comparator_devices` is given (even on the agents' own device), so the comparator samples without re-gathering."""
 
     name = "current_copy"
 
@@ -170,28 +174,73 @@ class CurrentCopyComparator(CurrentComparator):
 
     def prepare(self, trainer, iteration: int) -> None:
         live = list(trainer.team.agents)
+        sharded = _zero3_partitioned(live)
         same = all(
             self._device(i) is None or torch.device(self._device(i)) == next(a.parameters()).device
             for i, a in enumerate(live)
         )
-        if same:
+        if same and not (sharded and self.devices):
             self._copies = None
             return
+        states = [full_state_dict(a) for a in live]  # collective under ZeRO-3: every process gathers
         if self._copies is None:
             self._copies = [
-                copy.deepcopy(a).to(self._device(i)).eval().requires_grad_(False) for i, a in enumerate(live)
+                _fresh_copy(a, state, self._device(i)) if sharded else copy.deepcopy(a).to(self._device(i))
+                for i, (a, state) in enumerate(zip(live, states))
             ]
+            self._copies = [c.eval().requires_grad_(False) for c in self._copies]
         else:
-            for i, (dst, src) in enumerate(zip(self._copies, live)):
-                dst.load_state_dict({k: v.to(self._device(i)) for k, v in src.state_dict().items()})
+            for i, (dst, state) in enumerate(zip(self._copies, states)):
+                dst.load_state_dict({k: v.to(self._device(i)) for k, v in state.items()})
 
     def models(self, trainer):
         if self._copies is None:
             return list(trainer.team.agents), trainer.tokenizers
         return self._copies, trainer.tokenizers
 
+    def sample(self, trainer, models, tokenizers, prompts_per_agent, G):
+        if self._copies is None:  # the live agents (gathered for generation under ZeRO-3)
+            return super().sample(trainer, models, tokenizers, prompts_per_agent, G)
+        return ModelComparator.sample(self, trainer, models, tokenizers, prompts_per_agent, G)
+
     def close(self) -> None:
         self._copies = None
+
+
+def _zero3_partitioned(modules: Sequence[torch.nn.Module]) -> bool:
+    """Whether any parameter is a DeepSpeed ZeRO-3 partition (it carries `ds_id`)."""
+    return any(hasattr(p, "ds_id") for m in modules for p in m.parameters())
+
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's full weights as CPU tensors; ZeRO-3 partitioned parameters are gathered first (a collective:
+    every process must call it)."""
+    params = [p for p in module.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        return {k: v.detach().clone().cpu() for k, v in module.state_dict().items()}
+
+
+def _fresh_copy(agent: torch.nn.Module, state: dict[str, torch.Tensor], device: Any) -> torch.nn.Module:
+    """A plain (unpartitioned) model of `agent`'s class and config holding `state`. Built with the class constructor,
+    which, unlike `from_pretrained` / `from_config`, never enters DeepSpeed's `zero.Init`."""
+    config = getattr(agent, "config", None)
+    if config is None or not hasattr(agent, "generation_config"):
+        raise ValueError(
+            "comparator_policy='current_copy' under ZeRO-3 copies transformers models; this agent is a "
+            f"{type(agent).__name__} (use comparator_policy='current', which samples the live agents)"
+        )
+    model = type(agent)(copy.deepcopy(config))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    bad = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")] + list(unexpected)
+    if bad:
+        raise RuntimeError(f"current_copy: the gathered weights do not fit a fresh {type(agent).__name__}: {bad}")
+    model.generation_config = copy.deepcopy(agent.generation_config)
+    return model.to(device if device is not None else "cpu")
 
 
 def _load_causal_lm(source: Any, device: Any):

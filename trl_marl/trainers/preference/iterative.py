@@ -413,6 +413,19 @@ class IterativeMixin:
             per_item = min(per_item, a.preference_pairs_per_sample)
         return len(self.train_dataset) * per_item
 
+    def _cap_round(self, count_or_batches, batches: bool = False):
+        """`max_steps` counts optimizer steps PER ROUND in the iterative trainers: a round trains at most
+        `max_steps * gradient_accumulation_steps` batches (every round runs; `max_steps <= 0`: no cap)."""
+        cap = self._user_max_steps()
+        if cap is None:
+            return count_or_batches
+        limit = cap * self.args.gradient_accumulation_steps
+        return count_or_batches[:limit] if batches else min(count_or_batches, limit)
+
+    def _user_max_steps(self) -> int | None:
+        user = getattr(self, "_round_max_steps", self.args.max_steps)
+        return user if user is not None and user > 0 else None
+
     def _align(self, batches: list, multiple: int) -> list:
         """Pad a round's batches to a multiple of `multiple` (gradient accumulation) by wrapping around."""
         if not batches or len(batches) % multiple == 0:
@@ -602,8 +615,8 @@ class IterativeMixin:
             self.load_iterative_state(resume_from_checkpoint)
             self.args.ignore_data_skip = True  # the round loader resumes at the next round by itself
         user_max = self.args.max_steps
-        bound = self._steps_upper_bound()
-        self.args.max_steps = bound if user_max is None or user_max <= 0 else min(user_max, bound)
+        self._round_max_steps = user_max  # per round (`_cap_round`); the Trainer's max_steps is the whole run's
+        self.args.max_steps = self._steps_upper_bound()
         try:
             # the MultiAgentTrainer / Trainer loop (not MADPO's / MARLHF's one-shot collection)
             out = self._train_loop(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
@@ -714,6 +727,7 @@ class MADPOIterTrainer(IterativeMixin, MADPOTrainer):
         per_step = a.per_device_train_batch_size * self.accelerator.num_processes
         batches = math.ceil(self._max_pairs_per_round() / per_step) * math.ceil(a.num_train_epochs)
         ga = a.gradient_accumulation_steps
+        batches = self._cap_round(math.ceil(batches / ga) * ga)
         return max(1, a.num_iterations * math.ceil(batches / ga))
 
     def _round_batches(self, nu: int, pairs: list[PreferencePair]) -> list:
@@ -730,7 +744,7 @@ class MADPOIterTrainer(IterativeMixin, MADPOTrainer):
         batches = [
             [pairs[k] for k in order[s + rank * bs : s + (rank + 1) * bs]] for s in range(0, len(order), per_step)
         ]
-        return self._align(batches, a.gradient_accumulation_steps)
+        return self._cap_round(self._align(batches, a.gradient_accumulation_steps), batches=True)
 
     def _prepare_inputs(self, batch):
         return {"pairs": batch}
@@ -746,14 +760,41 @@ class _MARLHFIterMixin(IterativeMixin):
     _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "iterative-rlhf"]
 
     def _rl_batches_per_round(self) -> int:
+        """Training batches (micro-steps) of one round: whole rollouts, padded to a multiple of
+        `lcm(steps_per_rollout, gradient_accumulation_steps)` (`_align_rollouts`), capped by `max_steps`."""
         a = self.args
         global_batch = a.rollout_buffer_size * self.accelerator.num_processes
-        rollouts = len(self.train_dataset) // global_batch
-        return rollouts * a.steps_per_rollout * math.ceil(a.num_train_epochs)
+        rollouts = len(self.train_dataset) // global_batch * math.ceil(a.num_train_epochs)
+        unit = math.lcm(a.steps_per_rollout, a.gradient_accumulation_steps)
+        count = math.ceil(rollouts * a.steps_per_rollout / unit) * unit
+        return self._cap_round(count)
 
     def _steps_upper_bound(self) -> int:
         ga = self.args.gradient_accumulation_steps
         return max(1, self.args.num_iterations * math.ceil(self._rl_batches_per_round() / ga))
+
+    def _align_rollouts(self, batches: list, steps_per_rollout: int) -> list:
+        """Pad a round's batches (`steps_per_rollout` consecutive batches per rollout) with WHOLE rollouts, wrapping
+        around, to a multiple of `lcm(steps_per_rollout, gradient_accumulation_steps)`: the round ends on a rollout
+        boundary and on an optimizer step, so the next round starts on both."""
+        unit = math.lcm(steps_per_rollout, self.args.gradient_accumulation_steps)
+        if not batches or len(batches) % unit == 0:
+            return batches
+        groups = [batches[s : s + steps_per_rollout] for s in range(0, len(batches), steps_per_rollout)]
+        need = (unit - len(batches) % unit) // steps_per_rollout
+        return batches + [b for k in range(need) for b in groups[k % len(groups)]]
+
+    def _prepare_inputs(self, items):
+        """As `MultiAgentTrainer._prepare_inputs`, keyed on the step WITHIN the round: each round's first step rolls
+        out (with the round's reward model), whatever the steps before it."""
+        if not isinstance(items, list):
+            return items
+        K = self.args.steps_per_rollout
+        k = getattr(self, "_round_step", 0) % K
+        self._round_step = getattr(self, "_round_step", 0) + 1
+        if k == 0 or self._buffered is None:
+            self._buffered = self._rollout_step(items)
+        return self._buffered[k]
 
     def _oracle_scores(self, completions_per_agent, task_prompts, items):
         if self.args.preference_scoring_reward == "reward_model" and self.reward_model is not None:
@@ -796,7 +837,8 @@ class _MARLHFIterMixin(IterativeMixin):
                 items = [self.train_dataset[j] for j in mine]
                 batches.extend([items] * a.steps_per_rollout)
         self._buffered = None
-        return self._align(batches, a.gradient_accumulation_steps)
+        self._round_step = 0
+        return self._cap_round(self._align_rollouts(batches, a.steps_per_rollout), batches=True)
 
     def _fit_round_reward_model(self, pairs: list[PreferencePair]) -> None:
         """A NEWLY initialised reward model on this round's B(nu)."""
