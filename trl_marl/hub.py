@@ -33,6 +33,7 @@ import huggingface_hub
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import RepositoryNotFoundError
 
+from .config_secrets import redact_secrets
 from .team import eos_token_ids, render_prompt
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -159,7 +160,7 @@ def safe_training_config(args: Any) -> dict[str, Any]:
             continue
         if _is_secret_name(name) or name.endswith(("_dir", "_path", "_devices")):
             continue
-        value = _jsonable(getattr(args, name, None))
+        value = redact_secrets(_jsonable(getattr(args, name, None)))  # trl_marl.config_secrets: what slipped through
         if secret_value and secret_value in json.dumps(value):
             continue
         out[name] = value
