@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import pickle
@@ -61,10 +62,8 @@ class Server:
                     with server.lock:
                         server.in_flight -= 1
                 if callable(result):  # the test writes the raw response itself (slow drip, huge body)
-                    try:
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                         result(self)
-                    except (BrokenPipeError, ConnectionResetError):
-                        pass
                     return
                 status, body, *rest = result
                 payload = (body if isinstance(body, str) else json.dumps(body)).encode()

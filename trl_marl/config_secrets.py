@@ -120,3 +120,24 @@ def redact_secrets(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [redact_secrets(v) for v in value]
     return value
+
+
+def redacted_args(args: Any) -> Any:
+    """A shallow copy of a config (dataclass) safe to pickle into `training_args.bin`: fields named like a credential
+    (`hub_token`, `*_key`, `*_secret`, `*_password`) emptied, every other value passed through `redact_secrets`."""
+    import copy
+    import dataclasses
+
+    out = copy.copy(args)
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name, None)
+        if value in (None, "", [], {}):
+            continue
+        last = f.name.lower().rsplit("_", 1)[-1]
+        if last in ("token", "key", "secret", "password", "passwd"):
+            object.__setattr__(out, f.name, None)
+        elif isinstance(value, (str, list, tuple, Mapping)):
+            redacted = redact_secrets(value)
+            if redacted != value:
+                object.__setattr__(out, f.name, type(value)(redacted) if isinstance(value, tuple) else redacted)
+    return out

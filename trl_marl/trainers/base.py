@@ -41,6 +41,7 @@ from ..checkpoint import (
     resolve_resume_checkpoint,
     save_checkpoint_atomically,
 )
+from ..config_secrets import redacted_args
 from ..hub import (
     agent_role,
     init_trainer_repos,
@@ -906,7 +907,8 @@ class MultiAgentTrainer(_BaseTrainer):
         with open(os.path.join(output_dir, TEAM_FILE), "w", encoding="utf-8") as f:
             json.dump(self._team_description(), f, indent=2)
         write_trainer_cards(self, output_dir)
-        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+        # the config as TrainingArguments pickles it, minus anything secret (trl_marl.config_secrets)
+        torch.save(redacted_args(self.args), os.path.join(output_dir, "training_args.bin"))
 
     def _save_extra(self, output_dir: str, state_dict: dict) -> None:
         """Save critics / reward models beside the agents; nothing here."""
