@@ -203,6 +203,7 @@ class MultiAgentTrainer(_BaseTrainer):
             raise ValueError("train_dataset is empty: pass a datasets.Dataset (or list of dicts) of task items")
         if eval_dataset is not None and len(eval_dataset) == 0:
             raise ValueError("eval_dataset is empty; pass None to disable evaluation")
+        _check_formatters_on_first_items(self.formatters, train_dataset=train_dataset, eval_dataset=eval_dataset)
         if args.parallel_training == "mp" and args.agent_devices and len(args.agent_devices) not in (1, n):
             raise ValueError(f"agent_devices has {len(args.agent_devices)} entries; give 1 or num_agents={n}")
         if args.share_base_model:
@@ -972,6 +973,25 @@ class MultiAgentTrainer(_BaseTrainer):
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """Push a saved checkpoint's team by `hub_strategy` (see `trl_marl.hub.push_trainer_checkpoint`)."""
         push_trainer_checkpoint(self, checkpoint_folder)
+
+
+def _check_formatters_on_first_items(formatters: Sequence[Callable], **datasets: Any) -> None:
+    """Every agent's formatter on the first item of each dataset, at construction: a missing column fails now, naming
+    the dataset, the agent and the formatter, not at the first evaluation after training."""
+    from ..rollout import formatter_failure
+
+    for which, ds in datasets.items():
+        if ds is None:
+            continue
+        item = ds[0]
+        for i, formatter in enumerate(formatters):
+            try:
+                formatter(item)
+            except Exception as exc:
+                raise ValueError(
+                    f"{which}[0]: {formatter_failure(i, formatter, item, exc)}; every agent's formatter must accept "
+                    f"every item of {which} (add the column, or pass formatters that read the columns it has)"
+                ) from exc
 
 
 class _PreemptionCallback(TrainerCallback):
