@@ -826,13 +826,13 @@ class MultiAgentTrainer(_BaseTrainer):
             out = super().train(checkpoint, *args, **kwargs)
         finally:
             self._preemption.uninstall()
-        if self._preemption.requested:
+        if self._preemption.stop_now:
             self._exit_preempted()
         return out
 
     def _exit_preempted(self) -> None:
         msg = (
-            f"{type(self).__name__}: stopped by {self._preemption.signal_name} at step {self.state.global_step}; "
+            f"{type(self).__name__}: stopped by {self._preemption.signal_name or 'another process'} at step {self.state.global_step}; "
             f"checkpoint saved in {self.args.output_dir}; resume with resume_from_checkpoint=True"
         )
         logger.warning(msg)
@@ -1001,7 +1001,13 @@ class _PreemptionCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.trainer._preemption.requested:
+        t = self.trainer
+        requested = t._preemption.requested
+        if t.accelerator.num_processes > 1:  # a signal to any process stops all of them at the same step
+            flag = torch.tensor([1.0 if requested else 0.0], device=t.accelerator.device)
+            requested = t.accelerator.reduce(flag, reduction="sum").item() > 0
+        if requested:
+            t._preemption.stop_now = True
             control.should_save = True
             control.should_training_stop = True
         return control

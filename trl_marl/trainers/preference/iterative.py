@@ -365,7 +365,7 @@ class _RoundCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         t = self.trainer
         at_end = t._last_batch_of_round
-        preempted = t._preemption.requested  # a preemption checkpoint may fall inside a round
+        preempted = t._preemption.stop_now  # a preemption checkpoint may fall inside a round
         control.should_save = bool(at_end and args.save_strategy != "no") or preempted
         if (at_end and t.completed_rounds >= t.args.num_iterations) or preempted:
             control.should_training_stop = True
