@@ -397,11 +397,12 @@ def load_resume_state(folder: str, rank: int) -> dict:
         with torch.serialization.safe_globals(_resume_state_globals()):
             return torch.load(path, weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "Unsupported global" in str(exc) or "not an allowed global" in str(exc):
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+        if found:
             raise CheckpointError(
-                f"{path} holds an object of a type outside trl_marl's rollout / pair classes (probably a value in "
-                f"your dataset items): {str(exc).splitlines()[0]}; if you trust this checkpoint, set {TRUSTED_ENV}=1 "
-                "to load it with full pickle"
+                f"{path} holds an object of type {found.group(1)}, outside trl_marl's rollout / pair classes "
+                f"(probably a value in your dataset items); if you trust this checkpoint, set {TRUSTED_ENV}=1 to "
+                "load it with full pickle"
             ) from exc
         raise CheckpointError(
             f"{path} is unreadable ({type(exc).__name__}: {exc}); delete {folder} and resume from the checkpoint "
