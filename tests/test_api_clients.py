@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import pickle
@@ -56,10 +57,15 @@ class Server:
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
-                    status, body, *rest = server.respond(request, number)
+                    result = server.respond(request, number)
                 finally:
                     with server.lock:
                         server.in_flight -= 1
+                if callable(result):  # the test writes the raw response itself (slow drip, huge body)
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        result(self)
+                    return
+                status, body, *rest = result
                 payload = (body if isinstance(body, str) else json.dumps(body)).encode()
                 try:
                     self.send_response(status)
@@ -437,8 +443,13 @@ def test_default_key_env_and_missing_keys(server, monkeypatch, caplog):
         ({"format": "openai"}, "comparator_api_model is required when comparator_api_format='openai'"),
         ({"format": "anthropic", "model": "m", "max_n_per_request": 4}, "always sends one request per candidate"),
         ({"max_n_per_request": 0}, "comparator_api_max_n_per_request must be >= 1"),
-        ({"headers": {"Authorization": "Bearer sk-123"}}, r"must not carry credentials \(Authorization\)"),
-        ({"headers": {"X-API-Key": "sk-123"}}, "must not carry credentials"),
+        ({"headers": {"Authorization": "Bearer sk-123"}}, r"carry a secret \(the header 'Authorization'\)"),
+        ({"headers": {"X-API-Key": "sk-123"}}, "carry a secret.*environment variable named by comparator_api_key_env"),
+        ({"headers": {"X-Auth-Token": "sk-123"}}, "the header 'X-Auth-Token'"),
+        ({"headers": {"Cookie": "session=sk-123"}}, "the header 'Cookie'"),
+        ({"url": "http://127.0.0.1:1/x?api-key=sk-123"}, "the URL query parameter 'api-key'"),
+        ({"url": "http://user:sk-123@127.0.0.1:1/x"}, "user info"),
+        ({"extra_body": {"auth": {"api_key": "sk-123"}}}, "the extra_body field 'auth'"),
         ({"key_env": "sk-live-abc123"}, "must be the NAME of an environment variable"),
         ({"timeout": 0}, "comparator_api_timeout must be > 0"),
         ({"max_concurrency": 0}, "comparator_api_max_concurrency must be >= 1"),
@@ -475,3 +486,123 @@ def test_config_from_trainer_args():
 def test_unknown_generation_setting(server, key):
     with pytest.raises(TypeError, match=r"unsupported generation settings \['beam_width'\]"):
         client_for(server, "/g").generate(["p"], 1, beam_width=4)
+
+
+# --- limits: total deadline, response size, redaction before truncation, no key in frame locals -------------------
+
+
+def _headers(handler, status=200, length=None, reason=None):
+    handler.send_response(status, reason)
+    handler.send_header("Content-Type", "application/json")
+    if length is not None:
+        handler.send_header("Content-Length", str(length))
+    handler.end_headers()
+    handler.wfile.flush()
+
+
+def test_slow_drip_is_cut_at_the_total_deadline(server, key):
+    """A server that drips one byte every 0.1 s (each read well inside httpx's per-read timeout) is cut off at the
+    wall-clock deadline of the request, not after the whole body."""
+    body = json.dumps({"completions": ["x" * 200]}).encode()
+
+    def drip(handler):
+        _headers(handler, length=len(body))
+        for b in body:
+            handler.wfile.write(bytes([b]))
+            handler.wfile.flush()
+            time.sleep(0.1)
+
+    server.respond = lambda request, number: drip
+    client = client_for(server, "/g", timeout=0.8, max_retries=0)
+    start = time.monotonic()
+    with pytest.raises(APIComparatorError, match=r"timed out after 0.8 s"):
+        client.generate(["p"], 1)
+    assert time.monotonic() - start < 3.0  # the whole body would take 21 s
+
+
+def test_stalled_body_is_cut_at_the_deadline(server, key):
+    """Headers, then silence: the watchdog ends the blocked read at the deadline."""
+
+    def stall(handler):
+        _headers(handler, length=100)
+        handler.wfile.write(b'{"completions"')
+        handler.wfile.flush()
+        time.sleep(6)
+
+    server.respond = lambda request, number: stall
+    client = client_for(server, "/g", timeout=0.8, max_retries=0)
+    start = time.monotonic()
+    with pytest.raises(APIComparatorError, match="timed out"):
+        client.generate(["p"], 1)
+    assert time.monotonic() - start < 3.0
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_huge_body_is_refused_while_streaming(server, key, declared):
+    """A 50 MB body (with or without Content-Length) is refused once past the cap, without reading it all, and
+    without retrying."""
+    sent = []
+
+    def huge(handler):
+        total = 50 * 1024 * 1024
+        _headers(handler, length=total if declared else None)
+        chunk = b"x" * 65536
+        for _ in range(total // len(chunk)):
+            handler.wfile.write(chunk)
+            sent.append(len(chunk))
+
+    server.respond = lambda request, number: huge
+    client = client_for(server, "/g", max_response_bytes=100_000, max_retries=2)
+    with pytest.raises(APIComparatorError, match="larger than max_response_bytes=100000"):
+        client.generate(["p"], 1)
+    assert len(server.requests) == 1
+    time.sleep(0.2)
+    assert sum(sent) < 20 * 1024 * 1024  # the client hung up long before the end
+
+
+def test_401_echoing_the_header_is_redacted_before_truncation(server, key):
+    """The server echoes the Authorization header so that the key straddles the 300-character cut: redacting after
+    cutting would leave a fragment of it; redacting first leaves none."""
+    prefix = "e" * 280
+
+    def respond(request, number):
+        return 401, prefix + request["headers"]["authorization"] + " was rejected"
+
+    server.respond = respond
+    client = client_for(server, "/v1/chat/completions", format="openai", model="m")
+    with pytest.raises(APIComparatorError) as err:
+        client.generate(["p"], 1)
+    message = str(err.value)
+    assert "Bearer ***" in message
+    for k in range(8, len(key)):  # no fragment of the key (8+ characters) survives
+        assert key[:k] not in message and key[-k:] not in message
+
+
+def test_key_is_not_in_any_frame_local(server, key):
+    """Traceback-with-locals tools print every local of every frame: none may hold the key."""
+    import traceback
+
+    server.respond = lambda request, number: (400, {"error": "bad"})
+    client = client_for(server, "/v1/chat/completions", format="openai", model="m")
+    try:
+        client.generate(["p"], 1)
+    except APIComparatorError as exc:
+        tb = traceback.TracebackException.from_exception(exc, capture_locals=True)
+        frames = exc.__traceback__
+    else:
+        raise AssertionError("expected a failure")
+    ours = [f for f in tb.stack if "trl_marl" in f.filename]  # (this test's own frame holds the fixture's key)
+    assert len(ours) >= 3
+    text = "".join(f"{f.filename}:{f.lineno} {f.locals}" for f in ours)
+    assert "<redacted>" in text  # the key object is there, redacted
+    assert key not in text
+    while frames is not None:
+        if "trl_marl" in frames.tb_frame.f_code.co_filename:
+            for name, value in frames.tb_frame.f_locals.items():
+                assert key not in repr(value), name
+        frames = frames.tb_next
+
+
+def test_config_limits_validation():
+    with pytest.raises(ValueError, match="comparator_api_max_response_bytes must be >= 1"):
+        APIClientConfig(url="http://127.0.0.1:1/x", max_response_bytes=0)

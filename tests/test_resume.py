@@ -192,3 +192,23 @@ def test_explicit_incomplete_checkpoint_is_refused_naming_it_and_the_latest_comp
         resolve_resume_checkpoint(str(good), str(tmp_path))
     with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
         resolve_resume_checkpoint(True, str(tmp_path))
+
+
+class _Foreign:
+    """Stands for an arbitrary object that a checkpoint's pickle could smuggle in."""
+
+
+def test_resume_state_loads_only_allowlisted_classes(tmp_path, monkeypatch):
+    from trl_marl.checkpoint import TRUSTED_ENV, load_resume_state
+
+    torch.save({"step": 1, "buffered": [_Foreign()]}, tmp_path / "trl_marl_state_rank0.pt")
+    with pytest.raises(CheckpointError, match=rf"_Foreign.*set {TRUSTED_ENV}=1"):
+        load_resume_state(str(tmp_path), 0)
+    monkeypatch.setenv(TRUSTED_ENV, "1")
+    assert isinstance(load_resume_state(str(tmp_path), 0)["buffered"][0], _Foreign)
+    (tmp_path / "trl_marl_state_rank0.pt").write_bytes(b"PK\x03\x04 truncated")
+    monkeypatch.delenv(TRUSTED_ENV)
+    with pytest.raises(CheckpointError, match="is unreadable .*delete .* and resume from the checkpoint before it"):
+        load_resume_state(str(tmp_path), 0)
+    with pytest.raises(CheckpointError, match="has no trl_marl_state_rank1.pt"):
+        load_resume_state(str(tmp_path), 1)

@@ -185,3 +185,75 @@ def test_args_of_another_trainer_fail_with_the_expected_class(make_args, items, 
     args = make_args(getattr(trl_marl, wrong_config))
     with pytest.raises(TypeError, match=f"args must be a {expected}, got {wrong_config}"):
         build(make_args, items, getattr(trl_marl, trainer_name), args=args)
+
+
+# ---------------------------------------------------------------------------------------------- silent inputs (issue 14)
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"learning_rate": -1e-3}, "learning_rate must be >= 0, got -0.001"),
+        ({"agent_learning_rate": -1.0}, "agent_learning_rate must be None or >= 0"),
+        ({"max_prompt_length": 0}, r"max_prompt_length must be None \(keep prompts whole\) or >= 1, got 0"),
+    ],
+)
+def test_silent_config_values_are_refused(make_args, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_args(**overrides)
+
+
+def test_eval_dataset_without_the_formatters_column_fails_at_construction(make_args, items, tiny_path):
+    from datasets import Dataset
+
+    eval_items = Dataset.from_list([{"prompt": "p"}])  # no "topic" column
+    formatters = [lambda x: x["prompt"], lambda x: f"About {x['topic']}"]
+    with pytest.raises(
+        ValueError,
+        match=r"eval_dataset\[0\]: the formatter of agent 2 .* columns \['prompt'\]: "
+        r"KeyError: 'topic'",
+    ):
+        MAGRPOTrainer(
+            agent_model=tiny_path,
+            reward_func=lambda a, b: [1.0] * len(a),
+            args=make_args(),
+            train_dataset=items,
+            eval_dataset=eval_items,
+            formatters=formatters,
+        )
+
+
+def test_string_and_bare_float_rewards_are_named(make_args, items, tiny_path):
+    def string_reward(c1, c2):
+        return ["1.0"] * len(c1)
+
+    with pytest.raises(
+        TypeError, match=r"string_reward.*returned the string '1.0' at index 0; rewards must be numbers"
+    ):
+        _trainer(make_args, items, tiny_path, string_reward).train()
+
+    def bare_float(c1, c2):
+        return 1.0
+
+    with pytest.raises(TypeError, match=r"bare_float.*returned a single number \(1.0\) for 4 joint action\(s\)"):
+        _trainer(make_args, items, tiny_path, bare_float).train()
+
+
+def test_formatter_key_error_at_run_time_names_the_agent(make_args, items, tiny_path):
+    from trl_marl.rollout import JointRollout
+
+    def needs_question(x):
+        return x["question"]
+
+    engine = JointRollout.__new__(JointRollout)
+    engine.formatters, engine.num_agents = [lambda x: x["prompt"], needs_question], 2
+    with pytest.raises(KeyError, match=r"the formatter of agent 2 \(.*needs_question\) .*KeyError: 'question'"):
+        engine.format(1, {"prompt": "p"})
+
+
+def test_mistyped_local_folder_says_folder_not_found(make_args, items, tmp_path):
+    with pytest.raises(FileNotFoundError, match="model folder not found: .*no such local folder"):
+        MAGRPOTrainer(
+            agent_model=str(tmp_path / "modles" / "tiny"),
+            reward_func=lambda a, b: [1.0] * len(a),
+            args=make_args(),
+            train_dataset=items,
+        )

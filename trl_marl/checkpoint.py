@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import signal
 from collections.abc import Callable
+from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -82,17 +84,47 @@ def staging_folder(final: str) -> str:
     return os.path.join(parent, STAGING_PREFIX + name)
 
 
-def _fsync_tree(folder: str) -> list[dict]:
-    """fsync every file (and folder) under `folder`; return the file list with sizes."""
-    files = []
-    for root, _dirs, names in os.walk(folder):
-        for name in sorted(names):
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-            files.append({"path": os.path.relpath(path, folder), "size": os.path.getsize(path)})
-        _fsync_dir(root)
-    return sorted(files, key=lambda f: f["path"])
+class _Syncer:
+    """fsyncs a checkpoint's files on a small thread pool while the rest of the checkpoint is still being written
+    (fsync releases the GIL, and concurrent fsyncs share the filesystem's journal commits): the disk flush of the
+    agents overlaps the serialization of the optimizer, instead of adding to it."""
+
+    def __init__(self, folder: str, workers: int = 8):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.folder = folder
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-fsync")
+        self.futures: dict[str, Any] = {}
+
+    def submit_new(self) -> None:
+        """Start fsyncing the files written since the last call (those already submitted are skipped)."""
+        for root, _dirs, names in os.walk(self.folder):
+            for name in names:
+                path = os.path.join(root, name)
+                if path not in self.futures and not name.endswith(".tmp"):
+                    self.futures[path] = self.pool.submit(_fsync_file, path)
+
+    def finish(self) -> list[dict]:
+        """fsync everything (files, then folders); return the file list with sizes."""
+        self.submit_new()
+        try:
+            for future in self.futures.values():
+                future.result()
+            dirs = [root for root, _dirs, _names in os.walk(self.folder)]
+            for future in [self.pool.submit(_fsync_dir, d) for d in dirs]:
+                future.result()
+        finally:
+            self.pool.shutdown(wait=True)
+        files = [{"path": os.path.relpath(path, self.folder), "size": os.path.getsize(path)} for path in self.futures]
+        return sorted(files, key=lambda f: f["path"])
+
+    def abandon(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _fsync_file(path: str) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def _fsync_dir(folder: str) -> None:
@@ -108,10 +140,10 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def commit_checkpoint(staging: str, final: str, step: int) -> None:
+def commit_checkpoint(staging: str, final: str, step: int, syncer: _Syncer | None = None) -> None:
     """Make the checkpoint in `staging` visible as `final`: fsync its files, write the completion marker, fsync,
     rename. A `final` left from an earlier run (same step) is moved aside and removed after the rename."""
-    files = _fsync_tree(staging)
+    files = (syncer or _Syncer(staging)).finish()
     write_point("fsync")
     marker = os.path.join(staging, COMPLETE_MARKER)
     with open(marker, "w", encoding="utf-8") as f:
@@ -216,7 +248,8 @@ class PreemptionHandler:
     duration of `train()`; the previous handlers are restored afterwards)."""
 
     def __init__(self) -> None:
-        self.signal_name: str | None = None
+        self.signal_name: str | None = None  # the signal this process received
+        self.stop_now = False  # set at a step end when any process received one (every process stops there)
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum, frame) -> None:
@@ -234,6 +267,7 @@ class PreemptionHandler:
     def install(self) -> None:
         import threading
 
+        self.signal_name, self.stop_now = None, False
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         for name in PREEMPTION_SIGNALS:
@@ -249,6 +283,7 @@ class PreemptionHandler:
 
 # ----------------------------------------------------------------------------------------------- the trainer side
 RESUME_STATE_FILE = "trl_marl_state_rank{rank}.pt"
+TRUSTED_ENV = "TRL_MARL_TRUSTED_CHECKPOINTS"
 
 
 def save_checkpoint_atomically(trainer, trial=None) -> str:
@@ -259,7 +294,6 @@ def save_checkpoint_atomically(trainer, trial=None) -> str:
     adds each process's resume state (`trainer._resume_state()`) and the trainer's `_save_checkpoint_extra(folder)`;
     commits (fsync, marker, rename); only then pushes and rotates. Returns the final folder.
     """
-    from transformers.trainer_callback import ExportableState
     from transformers.trainer_utils import rotate_checkpoints
 
     args, state = trainer.args, trainer.state
@@ -271,14 +305,46 @@ def save_checkpoint_atomically(trainer, trial=None) -> str:
     trainer.accelerator.wait_for_everyone()
     if trainer.hp_search_backend is None and trial is None:
         trainer.store_flos()
-    trainer.save_model(staging, _internal_call=True)
-    write_point("model")
-    if not args.save_only_model:
-        trainer._save_optimizer_and_scheduler(staging)
-        trainer._save_scaler(staging)
-        write_point("optimizer")
-        trainer._save_rng_state(staging)
-        write_point("rng")
+    syncer = _Syncer(staging)
+    try:
+        trainer.save_model(staging, _internal_call=True)
+        write_point("model")
+        syncer.submit_new()  # the agents go to disk while the optimizer is serialized
+        if not args.save_only_model:
+            trainer._save_optimizer_and_scheduler(staging)
+            trainer._save_scaler(staging)
+            write_point("optimizer")
+            syncer.submit_new()
+            trainer._save_rng_state(staging)
+            write_point("rng")
+        _save_rest(trainer, staging, final, syncer)
+    except BaseException:
+        syncer.abandon()
+        raise
+    trainer.accelerator.wait_for_everyone()
+    state = trainer.state
+    if state.best_global_step and os.path.exists(
+        os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+    ):
+        state.best_model_checkpoint = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+    if args.push_to_hub:
+        trainer._push_from_checkpoint(final)
+    if args.should_save:
+        rotate_checkpoints(
+            output_dir=run_dir,
+            save_total_limit=args.save_total_limit,
+            best_model_checkpoint=state.best_model_checkpoint,
+            use_mtime=True,
+        )
+        write_point("rotate")
+    return final
+
+
+def _save_rest(trainer, staging: str, final: str, syncer: _Syncer) -> None:
+    """The resume state, the trainer's extra files and the trainer state; then commit."""
+    from transformers.trainer_callback import ExportableState
+
+    args, state = trainer.args, trainer.state
     os.makedirs(staging, exist_ok=True)
     _atomic_torch_save(
         trainer._resume_state(),
@@ -297,25 +363,11 @@ def save_checkpoint_atomically(trainer, trial=None) -> str:
                 state.stateful_callbacks[name] = cb.state()
         state.save_to_json(os.path.join(staging, "trainer_state.json"))
         write_point("trainer_state")
+    if not args.should_save:
+        syncer.finish()  # this process's files (rng, resume state) are on disk before the main process commits
     trainer.accelerator.wait_for_everyone()
     if args.should_save:
-        commit_checkpoint(staging, final, state.global_step)
-    trainer.accelerator.wait_for_everyone()
-    if state.best_global_step and os.path.exists(
-        os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
-    ):
-        state.best_model_checkpoint = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
-    if args.push_to_hub:
-        trainer._push_from_checkpoint(final)
-    if args.should_save:
-        rotate_checkpoints(
-            output_dir=run_dir,
-            save_total_limit=args.save_total_limit,
-            best_model_checkpoint=state.best_model_checkpoint,
-            use_mtime=True,
-        )
-        write_point("rotate")
-    return final
+        commit_checkpoint(staging, final, state.global_step, syncer)
 
 
 def _atomic_torch_save(obj, path: str) -> None:
@@ -338,11 +390,53 @@ def load_resume_state(folder: str, rank: int) -> dict:
             "buffered rollout, env_step, random streams): it was written by an older trl_marl or by a run with "
             "fewer processes; resume with the same number of processes from a checkpoint of this version"
         )
+    if os.environ.get(TRUSTED_ENV, "").lower() in ("1", "true", "yes"):
+        return torch.load(path, weights_only=False)  # the user vouches for this checkpoint
     try:
-        # our own file (a rollout buffer of dataclasses): the trust level of the checkpoint's optimizer.pt
-        return torch.load(path, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 -- any unpickling failure means the file is damaged
+        # weights_only: only tensors, plain containers and trl_marl's own rollout / pair classes are unpickled
+        with torch.serialization.safe_globals(_resume_state_globals()):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+        if found:
+            raise CheckpointError(
+                f"{path} holds an object of type {found.group(1)}, outside trl_marl's rollout / pair classes "
+                f"(probably a value in your dataset items); if you trust this checkpoint, set {TRUSTED_ENV}=1 to "
+                "load it with full pickle"
+            ) from exc
         raise CheckpointError(
             f"{path} is unreadable ({type(exc).__name__}: {exc}); delete {folder} and resume from the checkpoint "
             "before it"
         ) from exc
+    except Exception as exc:  # noqa: BLE001 -- a truncated / damaged file
+        raise CheckpointError(
+            f"{path} is unreadable ({type(exc).__name__}: {exc}); delete {folder} and resume from the checkpoint "
+            "before it"
+        ) from exc
+
+
+def _resume_state_globals() -> list:
+    """The classes a resume state may hold (`torch.load(weights_only=True)` allowlist)."""
+    import collections
+
+    from .models.value_head import CriticBatch
+    from .rollout import GenerationOutput, Node, Rollout, Sample
+    from .team import AgentBatch, PromptText
+    from .trainers.actor_critic import CriticData, Transitions, ValueStream
+    from .trainers.preference.pairs import PreferencePair
+
+    return [
+        Rollout,
+        Node,
+        Sample,
+        GenerationOutput,
+        PromptText,
+        AgentBatch,
+        PreferencePair,
+        CriticData,
+        Transitions,
+        ValueStream,
+        CriticBatch,
+        collections.defaultdict,
+        collections.OrderedDict,
+    ]

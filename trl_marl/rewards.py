@@ -155,7 +155,10 @@ class RewardFunction:
         elif hasattr(out, "tolist"):  # numpy
             out = out.tolist()
         if isinstance(out, (int, float)):
-            out = [out]
+            raise TypeError(
+                f"reward function {self.name!r} returned a single number ({out!r}) for {num_joint} joint action(s); "
+                "it must return a list with one reward per joint action"
+            )
         if not isinstance(out, (list, tuple)):
             raise TypeError(
                 f"reward function {self.name!r} must return a list of floats (one per joint action), got "
@@ -187,6 +190,11 @@ class RewardFunction:
         return torch.tensor(values, dtype=torch.float32)
 
     def _finite(self, value: Any, index: int) -> float:
+        if isinstance(value, (str, bytes)):  # float("1.0") would accept it silently
+            raise TypeError(
+                f"reward function {self.name!r} returned the string {value!r} at index {index}; rewards must be "
+                "numbers (convert with float() inside the reward function if that is what you mean)"
+            )
         try:
             v = float(value)
         except (TypeError, ValueError):

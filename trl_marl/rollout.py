@@ -239,7 +239,19 @@ class JointRollout:
         return p if isinstance(p, str) else agent_prompts[0]
 
     def first_prompts(self, item: dict) -> list[PromptText]:
-        return [self.render(i, self.formatters[i](item)) for i in range(self.num_agents)]
+        return [self.render(i, self.format(i, item)) for i in range(self.num_agents)]
+
+    def format(self, i: int, item: dict):
+        """Agent i's formatter on `item`; its failure is re-raised (same type) naming the agent, the formatter and
+        the item's columns (a bare `KeyError: 'question'` does not say whose formatter wanted the column)."""
+        try:
+            return self.formatters[i](item)
+        except Exception as exc:
+            try:
+                named = type(exc)(formatter_failure(i, self.formatters[i], item, exc))
+            except Exception:  # an exception type that needs other arguments: keep the original
+                raise exc from None
+            raise named from exc
 
     def next_prompts(self, item: dict, node: Node, joint_texts: list[str]) -> list[PromptText]:
         kwargs = {
@@ -264,7 +276,7 @@ class JointRollout:
             if self.external_prompt_passthrough:
                 prompts.append(self.render(i, p))
             else:
-                prompts.append(self.render(i, self.formatters[i]({**item, "prompt": p})))
+                prompts.append(self.render(i, self.format(i, {**item, "prompt": p})))
         return prompts
 
     # --- the rollout ---
@@ -442,3 +454,10 @@ def _accepted_kwargs(func: Callable) -> set[str]:
     if any(p.kind == p.VAR_KEYWORD for p in params):
         return {"*"}
     return {p.name for p in params}
+
+
+def formatter_failure(i: int, formatter, item: Any, exc: BaseException) -> str:
+    """The message of a formatter that failed on an item: which agent, which formatter, which columns exist."""
+    name = getattr(formatter, "__qualname__", type(formatter).__name__)
+    columns = sorted(item) if isinstance(item, dict) else type(item).__name__
+    return f"the formatter of agent {i + 1} ({name}) failed on an item with columns {columns}: {type(exc).__name__}: {exc}"

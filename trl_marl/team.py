@@ -338,6 +338,18 @@ def _name_or_path(model: Any) -> str:
     return getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
 
 
+def check_model_source(src: str) -> None:
+    """A model id that can only be a local folder (absolute, `./`, `../`, `~`, or more than one `/`) must exist;
+    transformers would otherwise report "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"."""
+    if os.path.exists(os.path.expanduser(src)):
+        return
+    if os.path.isabs(src) or src.startswith((".", "~")) or src.count("/") > 1 or "\\" in src:
+        raise FileNotFoundError(
+            f"model folder not found: {src!r} (no such local folder; check the path -- a Hub id has the form "
+            "'namespace/repo_name')"
+        )
+
+
 def load_agents(
     agent_model: str | None, agents: Sequence[Any] | None, num_agents: int, model_config: Any | None = None
 ) -> tuple[list[PreTrainedModel], list[str]]:
@@ -350,6 +362,7 @@ def load_agents(
     models, names = [], []
     for src in sources:
         if isinstance(src, (str, os.PathLike)):
+            check_model_source(str(src))
             models.append(AutoModelForCausalLM.from_pretrained(str(src), **kwargs))
             names.append(str(src))
         elif isinstance(src, nn.Module):

@@ -11,6 +11,7 @@ import re
 from dataclasses import fields
 from typing import Any
 
+from ..config_secrets import redact_secrets
 from .papers import paper_of
 
 TEAM_FILE = "team.json"
@@ -116,7 +117,7 @@ def safe_training_config(args: Any) -> dict[str, Any]:
             continue
         if _is_secret_name(name) or name.endswith(("_dir", "_path", "_devices")):
             continue
-        value = _jsonable(getattr(args, name, None))
+        value = redact_secrets(_jsonable(getattr(args, name, None)))  # trl_marl.config_secrets: what slipped through
         if secret_value and secret_value in json.dumps(value):
             continue
         out[name] = value

@@ -15,6 +15,13 @@ Keys. The key is read from the environment variable named by `key_env` (`compara
 request time, and is never stored on the client or its config: it cannot appear in a repr, `to_dict()`, a pickle,
 a log line or an exception message (response text quoted in errors is scrubbed of it too).
 
+Limits. `timeout` is a wall-clock deadline for a whole attempt (connecting, sending, and reading the body: a server
+that drips a byte at a time cannot stall a request past it); the response body is streamed and refused as soon as it
+exceeds `max_response_bytes` (default 4 MiB), so a huge body never sits in memory. Text quoted in errors has the key
+and every other configured secret redacted BEFORE it is cut to length, so no fragment of a key can survive the cut.
+The key lives only in a `_Secret` object (redacted repr) that an `httpx.Auth` reads when the request is sent: no
+frame of this module holds it in a local variable that traceback-with-locals tools would print.
+
 Failures. Timeouts, connection errors, HTTP 429 and HTTP 5xx are retried up to `max_retries` times with exponential
 backoff, `min(backoff_max, backoff_base * 2 ** r)` seconds before retry r = 0, 1, ... (a numeric `Retry-After` header
 is honoured, capped at `backoff_max`). Other HTTP errors fail at once. Every failure raises `APIComparatorError`
@@ -36,6 +43,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+
+from ..config_secrets import check_no_secrets
 
 __all__ = [
     "FORMATS",
@@ -68,10 +77,58 @@ ANTHROPIC_VERSION = "2023-06-01"
 GENERATION_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k")
 # Formats whose requests carry a candidate count; the others send one request per candidate.
 _HAS_N = ("generic", "openai")
-# Header names that carry credentials: never accepted in `headers` (keys come from the environment only).
-_CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"})
 _RETRY_STATUS = frozenset({408, 429})
 _ERROR_TEXT_CHARS = 300
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+
+
+class _Secret:
+    """A key held out of sight: its repr / str are redacted, it does not pickle, and `redact(text)` removes it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str | None) -> None:
+        self._value = value or None
+
+    def __bool__(self) -> bool:
+        return self._value is not None
+
+    def __repr__(self) -> str:
+        return "<redacted>" if self._value else "<no key>"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        raise TypeError("a key is not picklable")
+
+    def reveal(self) -> str | None:
+        return self._value
+
+    def redact(self, text: str) -> str:
+        return text.replace(self._value, "***") if self._value else text
+
+
+class _KeyAuth(httpx.Auth):
+    """Adds the key header when the request is sent (the key stays inside `_Secret`)."""
+
+    def __init__(self, secret: _Secret, fmt: str) -> None:
+        self.secret, self.fmt = secret, fmt
+
+    def auth_flow(self, request: httpx.Request):
+        if self.secret:
+            if self.fmt == "anthropic":
+                request.headers["x-api-key"] = self.secret.reveal()
+            else:
+                request.headers["Authorization"] = "Bearer " + self.secret.reveal()
+        yield request
+
+
+class _ResponseTooLarge(Exception):
+    pass
+
+
+class _DeadlinePassed(Exception):
+    pass
 
 
 class APIComparatorError(RuntimeError):
@@ -106,8 +163,19 @@ def _display_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def _redact(text: str, secret: str | None) -> str:
-    return text.replace(secret, "***") if secret else text
+def _redact(text: str, *secrets: Any) -> str:
+    """`text` with every secret (strings or `_Secret`s) replaced by `***`."""
+    for secret in secrets:
+        if isinstance(secret, _Secret):
+            text = secret.redact(text)
+        elif secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _quote(text: str, *secrets: Any, limit: int = _ERROR_TEXT_CHARS) -> str:
+    """Response text for an error message: redacted FIRST, then cut to `limit` characters."""
+    return _redact(text, *secrets)[:limit]
 
 
 @dataclasses.dataclass
@@ -121,8 +189,13 @@ class APIClientConfig:
         key_env: the environment variable holding the key; None means the format's default (`DEFAULT_KEY_ENV`).
             An explicitly named variable must be set; a missing default variable sends the request without a key
             (for local servers) and logs a warning once.
-        timeout: seconds per request (connect, read, write each).
-        headers: extra request headers (no credential headers: `Authorization`, `x-api-key`, ... are rejected).
+        timeout: wall-clock seconds per attempt: connecting, sending and reading the whole response (a server that
+            drips its body slowly is cut off at this deadline).
+        max_response_bytes: largest response body accepted (checked while streaming; a larger one fails the request
+            at once, without retries).
+        headers: extra request headers (no credential headers: `Authorization`, `X-Api-Key`, `X-Auth-Token`, `Cookie`,
+            any name with token / secret / key / auth, ... are rejected; see `trl_marl.config_secrets`). The URL's
+            query parameters and `extra_body` keys are held to the same rule.
         extra_body: extra top-level request fields, merged last; a field set to None removes a default field
             (for example `{"max_tokens": None, "max_completion_tokens": 512}` for OpenAI reasoning models).
         max_n_per_request: most candidates in one request for the formats with a candidate count (`generic`,
@@ -141,6 +214,7 @@ class APIClientConfig:
     model: str | None = None
     key_env: str | None = None
     timeout: float = 120.0
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     headers: dict[str, str] | None = None
     extra_body: dict[str, Any] | None = None
     max_n_per_request: int | None = None
@@ -161,16 +235,14 @@ class APIClientConfig:
                 f"comparator_api_key_env must be the NAME of an environment variable (keys are read from the "
                 f"environment only), got a {type(self.key_env).__name__} that is not a valid variable name"
             )
-        if self.headers:
-            bad = sorted(name for name in self.headers if name.lower() in _CREDENTIAL_HEADERS)
-            if bad:
-                raise ValueError(
-                    f"comparator_api_headers must not carry credentials ({', '.join(bad)}): keys are read only from "
-                    "the environment variable named by comparator_api_key_env"
-                )
-            self.headers = {str(k): str(v) for k, v in self.headers.items()}
+        if self.headers is not None and not isinstance(self.headers, Mapping):
+            raise ValueError(f"comparator_api_headers must be a mapping, got {type(self.headers).__name__}")
         if self.extra_body is not None and not isinstance(self.extra_body, Mapping):
             raise ValueError(f"comparator_api_extra_body must be a mapping, got {type(self.extra_body).__name__}")
+        # the URL, headers and body fields must not carry credentials (trl_marl.config_secrets decides what is one)
+        check_no_secrets("comparator_api", self.url, self.headers, self.extra_body, "comparator_api_key_env")
+        if self.headers:
+            self.headers = {str(k): str(v) for k, v in self.headers.items()}
         if self.max_n_per_request is not None:
             if isinstance(self.max_n_per_request, bool) or int(self.max_n_per_request) < 1:
                 raise ValueError(
@@ -183,6 +255,8 @@ class APIClientConfig:
                 )
         if not (self.timeout > 0):
             raise ValueError(f"comparator_api_timeout must be > 0 seconds, got {self.timeout!r}")
+        if isinstance(self.max_response_bytes, bool) or int(self.max_response_bytes) < 1:
+            raise ValueError(f"comparator_api_max_response_bytes must be >= 1, got {self.max_response_bytes!r}")
         if int(self.max_retries) < 0:
             raise ValueError(f"comparator_api_max_retries must be >= 0, got {self.max_retries!r}")
         if self.backoff_base < 0 or self.backoff_max < 0:
@@ -218,6 +292,7 @@ class APIClientConfig:
             "model": "comparator_api_model",
             "key_env": "comparator_api_key_env",
             "timeout": "comparator_api_timeout",
+            "max_response_bytes": "comparator_api_max_response_bytes",
             "headers": "comparator_api_headers",
             "extra_body": "comparator_api_extra_body",
             "max_n_per_request": "comparator_api_max_n_per_request",
@@ -524,11 +599,11 @@ class APIClient:
                 )
             return self._client
 
-    def _key(self) -> str | None:
-        """The key, read from the environment now (never stored)."""
+    def _key(self) -> _Secret:
+        """The key, read from the environment now (never stored on the client), wrapped in a `_Secret`."""
         env = self.config.resolved_key_env
-        key = os.environ.get(env) if env else None
-        if env and not key:
+        secret = _Secret(os.environ.get(env) if env else None)
+        if env and not secret:
             if self.config.key_env is not None:
                 raise APIComparatorError(
                     f"the environment variable {env!r} named by comparator_api_key_env is not set (or empty)",
@@ -537,7 +612,7 @@ class APIClient:
             if not self._warned_no_key:
                 self._warned_no_key = True
                 logger.warning("API comparator: $%s is not set; sending requests without a key", env)
-        return key or None
+        return secret
 
     def generate(
         self,
@@ -604,31 +679,37 @@ class APIClient:
         """POST one body with retries; return exactly `n` completions."""
         config = self.config
         url = _display_url(config.url)
-        key = self._key()
-        headers = build_headers(config, key)
+        secret = self._key()
+        auth = _KeyAuth(secret, config.format)
+        headers = build_headers(config, None)  # the key header is added by `auth` when the request is sent
         attempts = 1 + int(config.max_retries)
         failure, status = "", None
         for attempt in range(attempts):
             retry_after = None
             try:
-                response = self._http().post(config.url, json=body, headers=headers)
-            except httpx.TimeoutException as exc:
+                status, reason, raw, response_headers = self._post(body, headers, auth)
+            except (httpx.TimeoutException, _DeadlinePassed) as exc:
                 failure, status = f"timed out after {config.timeout} s ({type(exc).__name__})", None
+            except _ResponseTooLarge as exc:
+                raise APIComparatorError(
+                    f"POST {url} failed: the response is larger than max_response_bytes="
+                    f"{config.max_response_bytes} ({exc}); raise comparator_api_max_response_bytes if it is expected",
+                    url=url,
+                ) from None
             except httpx.TransportError as exc:
-                failure, status = f"connection error ({type(exc).__name__}: {_redact(str(exc), key)})", None
+                failure, status = f"connection error ({type(exc).__name__}: {_quote(str(exc), secret)})", None
             else:
-                status = response.status_code
                 if 200 <= status < 300:
-                    return self._completions(response, n, url, key)
-                text = _redact(response.text[:_ERROR_TEXT_CHARS], key)
-                failure = f"HTTP {status} {response.reason_phrase}: {text}".rstrip(": ")
+                    return self._completions(raw, status, n, url, secret)
+                text = _quote(raw.decode("utf-8", "replace"), secret, *self._configured_secrets())
+                failure = f"HTTP {status} {reason}: {text}".rstrip(": ")
                 if status not in _RETRY_STATUS and not 500 <= status < 600:
                     raise APIComparatorError(
                         f"POST {url} failed: {failure}{_status_hint(status, config.resolved_key_env)}",
                         url=url,
                         status_code=status,
                     )
-                retry_after = response.headers.get("retry-after")
+                retry_after = response_headers.get("retry-after")
             if attempt + 1 < attempts:
                 delay = backoff_delay(attempt, config.backoff_base, config.backoff_max, retry_after)
                 logger.warning(
@@ -644,28 +725,89 @@ class APIClient:
             f"POST {url} failed after {attempts} attempt(s): {failure}", url=url, status_code=status
         )
 
-    def _completions(self, response: httpx.Response, n: int, url: str, key: str | None) -> list[str]:
+    def _configured_secrets(self) -> list[str]:
+        """Values of configured fields that look like secrets (`trl_marl.secrets`), redacted from quoted text too."""
+        from ..config_secrets import secret_values
+
+        return secret_values(self.config.url, self.config.headers, self.config.extra_body)
+
+    def _post(self, body: dict[str, Any], headers: dict[str, str], auth: httpx.Auth):
+        """One attempt: stream the response under the wall-clock deadline and the size cap; returns
+        `(status, reason, body bytes, headers)`."""
+        config = self.config
+        deadline = time.monotonic() + config.timeout
+        cap = int(config.max_response_bytes)
+        with self._http().stream("POST", config.url, json=body, headers=headers, auth=auth) as response:
+            # a watchdog closes the stream at the deadline, so that a read blocked on a stalled server returns
+            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), response.close)
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                declared = response.headers.get("content-length")
+                if declared is not None and declared.isdigit() and int(declared) > cap:
+                    raise _ResponseTooLarge(f"Content-Length {declared}")
+                chunks, size = [], 0
+                try:
+                    for chunk in response.iter_raw():
+                        size += len(chunk)
+                        if size > cap:
+                            raise _ResponseTooLarge(f"more than {cap} bytes received")
+                        chunks.append(chunk)
+                        if time.monotonic() > deadline:
+                            raise _DeadlinePassed(f"{size} bytes received")
+                except (httpx.StreamClosed, httpx.ReadError, httpx.RemoteProtocolError):
+                    if time.monotonic() >= deadline:
+                        raise _DeadlinePassed(f"{size} bytes received") from None
+                    raise
+                if time.monotonic() > deadline:
+                    raise _DeadlinePassed(f"{size} bytes received")
+                raw = b"".join(chunks)
+                decoder = response.headers.get("content-encoding")
+                if decoder:
+                    raw = _decode_content(raw, decoder, cap)
+                return response.status_code, response.reason_phrase, raw, response.headers
+            finally:
+                watchdog.cancel()
+
+    def _completions(self, raw: bytes, status: int, n: int, url: str, secret: _Secret) -> list[str]:
         try:
-            data = response.json()
+            data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            snippet = _redact(response.text[:_ERROR_TEXT_CHARS], key)
+            snippet = _quote(raw.decode("utf-8", "replace"), secret, *self._configured_secrets())
             raise APIComparatorError(
-                f"POST {url} returned HTTP {response.status_code} with a body that is not JSON: {snippet!r}",
+                f"POST {url} returned HTTP {status} with a body that is not JSON: {snippet!r}",
                 url=url,
-                status_code=response.status_code,
+                status_code=status,
             ) from None
         try:
             texts = parse_completions(self.config.format, data, self.config.response_field)
         except _ResponseShapeError as exc:
             raise APIComparatorError(
-                f"POST {url} (format {self.config.format!r}): {_redact(str(exc), key)}",
+                f"POST {url} (format {self.config.format!r}): {_quote(str(exc), secret, limit=2000)}",
                 url=url,
-                status_code=response.status_code,
+                status_code=status,
             ) from None
         if len(texts) < n:
             raise APIComparatorError(
                 f"POST {url} returned {len(texts)} completion(s) for a request of {n}",
                 url=url,
-                status_code=response.status_code,
+                status_code=status,
             )
         return texts[:n]
+
+
+def _decode_content(raw: bytes, encoding: str, cap: int) -> bytes:
+    """Undo a `Content-Encoding` (gzip / deflate), refusing output beyond `cap` bytes (no decompression bombs)."""
+    import zlib
+
+    encoding = encoding.strip().lower()
+    if encoding in ("identity", ""):
+        return raw
+    if encoding not in ("gzip", "deflate", "x-gzip"):
+        raise _ResponseTooLarge(f"unsupported Content-Encoding {encoding!r}")
+    wbits = 16 + zlib.MAX_WBITS if "gzip" in encoding else zlib.MAX_WBITS
+    d = zlib.decompressobj(wbits)
+    out = d.decompress(raw, cap + 1)
+    if len(out) > cap or d.unconsumed_tail:
+        raise _ResponseTooLarge(f"more than {cap} bytes after {encoding} decoding")
+    return out

@@ -43,6 +43,7 @@ from ..checkpoint import (
     save_checkpoint_atomically,
 )
 from ..fsdp import enable_fsdp_on_cpu, gathered_for_generation, is_fsdp2, shard_module, shard_team
+from ..config_secrets import redacted_args
 from ..hub import (
     agent_role,
     clear_saved_team,
@@ -209,6 +210,7 @@ class MultiAgentTrainer(_BaseTrainer):
             raise ValueError("train_dataset is empty: pass a datasets.Dataset (or list of dicts) of task items")
         if eval_dataset is not None and len(eval_dataset) == 0:
             raise ValueError("eval_dataset is empty; pass None to disable evaluation")
+        _check_formatters_on_first_items(self.formatters, train_dataset=train_dataset, eval_dataset=eval_dataset)
         if args.parallel_training == "mp" and args.agent_devices and len(args.agent_devices) not in (1, n):
             raise ValueError(f"agent_devices has {len(args.agent_devices)} entries; give 1 or num_agents={n}")
         if args.share_base_model:
@@ -937,13 +939,13 @@ class MultiAgentTrainer(_BaseTrainer):
             out = super().train(checkpoint, *args, **kwargs)
         finally:
             self._preemption.uninstall()
-        if self._preemption.requested:
+        if self._preemption.stop_now:
             self._exit_preempted()
         return out
 
     def _exit_preempted(self) -> None:
         msg = (
-            f"{type(self).__name__}: stopped by {self._preemption.signal_name} at step {self.state.global_step}; "
+            f"{type(self).__name__}: stopped by {self._preemption.signal_name or 'another process'} at step {self.state.global_step}; "
             f"checkpoint saved in {self.args.output_dir}; resume with resume_from_checkpoint=True"
         )
         logger.warning(msg)
@@ -1022,7 +1024,8 @@ class MultiAgentTrainer(_BaseTrainer):
         with open(os.path.join(output_dir, TEAM_FILE), "w", encoding="utf-8") as f:
             json.dump(self._team_description(), f, indent=2)
         write_trainer_cards(self, output_dir)
-        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+        # the config as TrainingArguments pickles it, minus anything secret (trl_marl.config_secrets)
+        torch.save(redacted_args(self.args), os.path.join(output_dir, "training_args.bin"))
 
     def _save_extra(self, output_dir: str, state_dict: dict) -> None:
         """Save critics / reward models beside the agents; nothing here."""
@@ -1088,6 +1091,25 @@ class MultiAgentTrainer(_BaseTrainer):
         push_trainer_checkpoint(self, checkpoint_folder)
 
 
+def _check_formatters_on_first_items(formatters: Sequence[Callable], **datasets: Any) -> None:
+    """Every agent's formatter on the first item of each dataset, at construction: a missing column fails now, naming
+    the dataset, the agent and the formatter, not at the first evaluation after training."""
+    from ..rollout import formatter_failure
+
+    for which, ds in datasets.items():
+        if ds is None:
+            continue
+        item = ds[0]
+        for i, formatter in enumerate(formatters):
+            try:
+                formatter(item)
+            except Exception as exc:
+                raise ValueError(
+                    f"{which}[0]: {formatter_failure(i, formatter, item, exc)}; every agent's formatter must accept "
+                    f"every item of {which} (add the column, or pass formatters that read the columns it has)"
+                ) from exc
+
+
 class _PreemptionCallback(TrainerCallback):
     """After a preemption signal: save a checkpoint at the end of the current optimizer step, then stop."""
 
@@ -1095,7 +1117,13 @@ class _PreemptionCallback(TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.trainer._preemption.requested:
+        t = self.trainer
+        requested = t._preemption.requested
+        if t.accelerator.num_processes > 1:  # a signal to any process stops all of them at the same step
+            flag = torch.tensor([1.0 if requested else 0.0], device=t.accelerator.device)
+            requested = t.accelerator.reduce(flag, reduction="sum").item() > 0
+        if requested:
+            t._preemption.stop_now = True
             control.should_save = True
             control.should_training_stop = True
         return control

@@ -249,6 +249,11 @@ class MultiAgentConfig(_BaseConfig):
                 raise ValueError(msg)
 
         need(self.num_agents >= 1, f"num_agents must be >= 1, got {self.num_agents}")
+        need(self.learning_rate >= 0, f"learning_rate must be >= 0, got {self.learning_rate}")
+        alr = self.agent_learning_rate
+        need(alr is None or alr >= 0, f"agent_learning_rate must be None or >= 0, got {alr}")
+        mpl = self.max_prompt_length
+        need(mpl is None or mpl >= 1, f"max_prompt_length must be None (keep prompts whole) or >= 1, got {mpl}")
         need(self.num_generations >= 1, f"num_generations must be >= 1, got {self.num_generations}")
         need(self.joint_mode in JOINT_MODES, f"joint_mode must be one of {list(JOINT_MODES)}, got {self.joint_mode!r}")
         need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")

@@ -98,9 +98,12 @@ class IterativeConfigMixin:
         comparator_api_format: `generic`, `openai`, `anthropic`, `openai_responses` (aliases `responses`, `codex`).
         comparator_api_model: the remote model name.
         comparator_api_key_env: the NAME of the environment variable holding the key (keys are never in configs).
-        comparator_api_timeout: seconds per request.
-        comparator_api_headers: extra request headers (JSON object); credential headers are rejected.
-        comparator_api_extra_body: extra request fields (JSON object).
+        comparator_api_timeout: wall-clock seconds per request attempt, reading the whole response included.
+        comparator_api_max_response_bytes: largest API response body accepted (checked while streaming).
+        comparator_api_headers: extra request headers (JSON object); credential headers (`Authorization`,
+            `X-Api-Key`, `X-Auth-Token`, `Cookie`, any name with token / secret / key / auth) are rejected.
+        comparator_api_extra_body: extra request fields (JSON object); secret-named fields are rejected, as are
+            secret-named query parameters of `comparator_api_url` (keys come from `comparator_api_key_env`).
         comparator_api_max_n_per_request: most candidates per request (formats with `n`).
         comparator_api_response_field: dotted path of the completions in a `generic` response.
         comparator_api_max_retries: retries on timeouts, connection errors, 429 and 5xx.
@@ -137,7 +140,12 @@ class IterativeConfigMixin:
     comparator_api_key_env: str | None = field(
         default=None, metadata={"help": "Name of the environment variable holding the API key."}
     )
-    comparator_api_timeout: float = field(default=120.0, metadata={"help": "Seconds per API request."})
+    comparator_api_timeout: float = field(
+        default=120.0, metadata={"help": "Wall-clock seconds per API request attempt (whole response)."}
+    )
+    comparator_api_max_response_bytes: int = field(
+        default=4 * 1024 * 1024, metadata={"help": "Largest API response body accepted (bytes)."}
+    )
     comparator_api_headers: dict | str | None = field(default=None, metadata={"help": "Extra headers (JSON)."})
     comparator_api_extra_body: dict | str | None = field(default=None, metadata={"help": "Extra body (JSON)."})
     comparator_api_max_n_per_request: int | None = field(default=None, metadata={"help": "Most candidates/request."})
@@ -156,6 +164,15 @@ class IterativeConfigMixin:
                     setattr(self, name, json.loads(value))
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{name} must be a JSON object, got {value!r}") from exc
+        from ...config_secrets import check_no_secrets
+
+        check_no_secrets(
+            "comparator_api",
+            self.comparator_api_url,
+            self.comparator_api_headers,
+            self.comparator_api_extra_body,
+            "comparator_api_key_env",
+        )
         if self.comparator_num_candidates is not None and self.comparator_num_candidates < 1:
             raise ValueError(f"comparator_num_candidates must be >= 1, got {self.comparator_num_candidates}")
         # plugin names and options fail here, with the registered names, before any model loads
@@ -353,7 +370,7 @@ class _RoundCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         t = self.trainer
         at_end = t._last_batch_of_round
-        preempted = t._preemption.requested  # a preemption checkpoint may fall inside a round
+        preempted = t._preemption.stop_now  # a preemption checkpoint may fall inside a round
         control.should_save = bool(at_end and args.save_strategy != "no") or preempted
         if (at_end and t.completed_rounds >= t.args.num_iterations) or preempted:
             control.should_training_stop = True
