@@ -149,8 +149,6 @@ class MARLHFConfig(PreferenceConfig):
             raise ValueError(
                 f"reward_gradient_accumulation_steps must be >= 1, got {self.reward_gradient_accumulation_steps}"
             )
-        if self.reward_model_path is not None and not os.path.isdir(self.reward_model_path):
-            raise ValueError(f"reward_model_path must be a local model folder, got {self.reward_model_path!r}")
 
 
 class _MARLHFMixin(PreferenceCollectionMixin):
