@@ -52,8 +52,8 @@ def check_run(out: Path, distributed_type: str, num_agents: int = 2, trainers=("
             saved = load_file(out / which / f"agent_{i + 1}" / "model.safetensors")
             for k, v in saved.items():
                 torch.testing.assert_close(v.float(), gathered[f"agents.{i}.{k}"], msg=f"{which} agent {i + 1} {k}")
-    # MADPO: the pairs of both processes were gathered, so both trained on the same set
-    assert json.loads((out / "madpo" / "run_info.json").read_text())["num_pairs"] > 0
+    if "madpo" in trainers:  # the pairs of both processes were gathered, so both trained on the same set
+        assert json.loads((out / "madpo" / "run_info.json").read_text())["num_pairs"] > 0
     check_advantages(out / "magrpo" / "trace")
 
 
@@ -100,3 +100,111 @@ def test_deepspeed_zero3_heterogeneous_team_on_cpu(tmp_path, tiny_path, tiny_qwe
     check_run(tmp_path, "DistributedType.DEEPSPEED")
     qwen = json.loads((tmp_path / "madpo" / "agent_2" / "config.json").read_text())
     assert qwen["model_type"] == "qwen2"
+
+
+def run_single(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """tests/scripts/dist_run.py in ONE plain process (no launcher): the baseline of the equivalence tests."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, str(ROOT / "tests" / "scripts" / "dist_run.py"), str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    return proc
+
+
+def assert_same_weights(a: Path, b: Path, atol: float = 2e-5) -> int:
+    """Every safetensors file under `a` exists under `b` with the same tensors (tied duplicates aside)."""
+    files = sorted(a.rglob("*.safetensors"))
+    assert files
+    for f in files:
+        x, y = load_file(f), load_file(b / f.relative_to(a))
+        for k, v in x.items():
+            torch.testing.assert_close(y[k].float(), v.float(), atol=atol, rtol=0, msg=f"{f.relative_to(a)} {k}")
+    return len(files)
+
+
+@pytest.mark.slow
+def test_fsdp2_equals_single_process(tmp_path, tiny_path):
+    """FSDP2, 2 CPU processes (one launch): MAGRPO with reference KL, MAPPO (separate critic), MADPO and a LoRA
+    team on one shared base, two steps each on 4 items per step (2 per process), with prompt-seeded sampling.
+    The saved weights equal a plain single-process run's on the same 4 items per step (MADPO: 2-process DDP's,
+    see below); the team is cut into
+    per-layer and per-agent units; generation holds the full weights of exactly ONE agent at a time."""
+    launch("fsdp2_cpu", tmp_path / "fsdp", "equiv")
+    run_single(tmp_path / "single", "equiv=magrpo,mappo,magrpo_lora")
+    # MADPO under data parallelism (DDP as well) does not reproduce a single process's update (its pairs are
+    # collected in strided shares with per-rank pair RNGs; a data-parallel property, not an engine's): FSDP2 is
+    # compared with 2-process DDP on it
+    launch("multi_cpu", tmp_path / "ddp", "equiv=madpo")
+    for which in ("magrpo", "mappo", "madpo", "magrpo_lora"):
+        baseline = tmp_path / ("ddp" if which == "madpo" else "single") / which
+        assert_same_weights(baseline, tmp_path / "fsdp" / which)
+        info = json.loads((tmp_path / "fsdp" / which / "run_info.json").read_text())
+        assert info["num_processes"] == 2 and info["sharded_at_start"], info
+        # tiny model: 2 decoder layers + the agent's own unit (one shared base for the LoRA team)
+        assert info["units_per_agent"] == ([3] if which == "magrpo_lora" else [3, 3]), info
+        assert info["generating"], "no generation was recorded"
+        for full in info["generating"]:
+            assert sum(full) == (1 if which != "magrpo_lora" else len(full)), info["generating"]
+        if which != "magrpo_lora":  # each agent gathered in turn
+            assert {full.index(True) for full in info["generating"]} == {0, 1}
+    # what was saved loads back with from_pretrained (full weights; the LoRA team's adapters through PEFT)
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    agent = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "magrpo" / "agent_2")
+    saved = load_file(tmp_path / "fsdp" / "magrpo" / "agent_2" / "model.safetensors")
+    torch.testing.assert_close(agent.model.embed_tokens.weight, saved["model.embed_tokens.weight"])
+    lora = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_path), tmp_path / "fsdp" / "magrpo_lora" / "agent_1"
+    )
+    assert any("lora_A" in k for k, _ in lora.named_parameters())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_machines_on_one_box(tmp_path, tiny_path):
+    """2 "machines" x 1 process: two `accelerate launch --num_machines 2 --machine_rank {0,1}` launchers meeting at
+    127.0.0.1, writing to one output_dir (the shared storage of a real cluster). MAGRPO trains two steps as ONE
+    2-process job: the same saved weights as gathered, one trace per rank, and only machine 0 writes the team."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    procs = []
+    for rank in (0, 1):
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / "accelerate_configs" / "multi_cpu.yaml"),
+            "--num_machines",
+            "2",
+            "--num_processes",
+            "2",
+            "--machine_rank",
+            str(rank),
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(port),
+            str(ROOT / "tests" / "scripts" / "dist_run.py"),
+            str(tmp_path),
+            "only=magrpo",
+        ]
+        log = open(tmp_path / f"machine{rank}.log", "w")
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT), log))
+    for p, log in procs:
+        try:
+            rc = p.wait(timeout=600)
+        finally:
+            log.close()
+        assert rc == 0, (tmp_path / f"machine{procs.index((p, log))}.log").read_text()[-6000:]
+    check_run(tmp_path, "DistributedType.MULTI_CPU", trainers=("magrpo",))

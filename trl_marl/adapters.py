@@ -115,10 +115,13 @@ class AdapterAgent(nn.Module):
         return get_peft_model_state_dict(self._shared, adapter_name=self.adapter)
 
     def save_pretrained(self, folder: str, state_dict: dict | None = None, **kwargs) -> None:
-        """Write this agent's adapter as a standalone PEFT folder (loadable with `PeftModel.from_pretrained`)."""
+        """Write this agent's adapter as a standalone PEFT folder (loadable with `PeftModel.from_pretrained`).
+
+        `state_dict`: the shared model's full state dict to take the adapter from (what a sharded engine gathered,
+        e.g. under FSDP2); default: the shared model's own parameters."""
         os.makedirs(folder, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(folder))) as tmp:
-            self._shared.save_pretrained(tmp, selected_adapters=[self.adapter])
+            self._shared.save_pretrained(tmp, selected_adapters=[self.adapter], state_dict=state_dict)
             src = os.path.join(tmp, self.adapter) if os.path.isdir(os.path.join(tmp, self.adapter)) else tmp
             for f in os.listdir(src):
                 if os.path.isfile(os.path.join(src, f)):

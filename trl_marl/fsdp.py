@@ -112,6 +112,7 @@ def shard_module(module: nn.Module, accelerator) -> nn.Module:
 
     if isinstance(module, FSDPModule):
         return module
+    _sync_from_rank0(module)
     kwargs = _fsdp_kwargs(accelerator)
     classes = tuple(_layer_classes(module))
     if classes:
@@ -128,12 +129,27 @@ def shard_team(team: nn.Module, accelerator) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     check_fsdp2_plugin(accelerator)
+    _sync_from_rank0(team)
     for unit in fsdp_units(team):
         shard_module(unit, accelerator)
     # the root: reshard_after_forward=None lets torch keep the root's small remainder gathered (as accelerate does)
     kwargs = {k: v for k, v in _fsdp_kwargs(accelerator).items() if k != "reshard_after_forward"}
     fully_shard(team, **kwargs)
     return team
+
+
+def _sync_from_rank0(module: nn.Module) -> None:
+    """Broadcast every parameter and buffer from rank 0, as DDP does when it wraps a model: `fully_shard` keeps
+    each rank's own slice, so ranks whose initial weights differ (a randomly initialised LoRA adapter or value
+    head) would otherwise train a mixture."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            if t.device.type != "meta":
+                dist.broadcast(t.data, src=0)
 
 
 def _fsdp_modules(module: nn.Module) -> list[nn.Module]:

@@ -26,18 +26,148 @@ ALL = ("magrpo", "madpo", "maac", "iac", "mappo", "marlhf", "madpoiter", "marlhf
 def main():
     out = sys.argv[1]
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
+    if mode.split("=")[0] == "equiv":  # `equiv` or `equiv=madpo,mappo`
+        # the same global batches as one process would see, with prompt-seeded sampling: weights comparable with a
+        # single-process run (`python dist_run.py OUT equiv`)
+        for which in mode.split("=")[1].split(",") if "=" in mode else EQUIV:
+            run_equiv(which, os.path.join(out, which))
+        _finish()
+        return
     if mode.startswith("only="):  # a comma-separated list of trainers
         trainers, mode = tuple(mode[len("only=") :].split(",")), ""
     else:
         trainers = ALL if mode == "all" else ("magrpo", "madpo")
     for which in trainers:
         run(which, os.path.join(out, which), mode == "hetero")
+    _finish()
+
+
+def _finish():
     # destroy the process group before exit (as recipes do): a gloo group left to interpreter shutdown can abort a
     # rank with "terminate called without an active exception" after all the work is done
     from accelerate import PartialState
 
-    PartialState().wait_for_everyone()
-    PartialState().destroy_process_group()
+    if PartialState().use_distributed:
+        PartialState().wait_for_everyone()
+        PartialState().destroy_process_group()
+
+
+EQUIV = ("magrpo", "mappo", "madpo", "magrpo_lora")
+
+
+def prompt_seeded(trainer):
+    """Wrap `trainer.generate` so that each prompt's samples depend only on the weights, the prompt and the step
+    (one generate call per prompt index, seeded from the prompts): then a 2-process run, whose ranks each roll
+    out half of a batch, samples exactly what one process rolling out the whole batch samples."""
+    import zlib
+
+    from trl_marl.rollout import GenerationOutput
+
+    original = trainer.generate
+
+    def generate(prompts_per_agent, num_generations, greedy=False):
+        outs = [GenerationOutput([], [], []) for _ in prompts_per_agent]
+        for k in range(len(prompts_per_agent[0])):
+            key = "|".join(str(p[k]) for p in prompts_per_agent) + f"|{trainer.state.global_step}"
+            torch.manual_seed(zlib.crc32(key.encode()))
+            for o, g in zip(outs, original([[p[k]] for p in prompts_per_agent], num_generations, greedy)):
+                o.texts += g.texts
+                o.prompt_ids += g.prompt_ids
+                o.completion_ids += g.completion_ids
+        return outs
+
+    trainer.generate = generate
+    return trainer
+
+
+def run_equiv(which, out):
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    from trl_marl import MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer, MAPPOConfig, MAPPOTrainer
+    from trl_marl.testing import tiny_model_path
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per = 4 // world  # 4 items per rollout in all, split over the processes
+    items = Dataset.from_list([{"prompt": f"Item {i}: say something about {w}."} for i, w in enumerate(WORDS)])
+    common = dict(
+        output_dir=out,
+        max_new_tokens=6,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        max_steps=2,
+        rollout_buffer_size=per,
+        train_batch_size=per,
+    )
+    team = {"agent_model": tiny_model_path(), "reward_func": reward, "train_dataset": items}
+    torch.manual_seed(0)  # the random initial weights (LoRA, value heads) as in the single-process run
+    if which == "magrpo":
+        trainer = MAGRPOTrainer(args=MAGRPOConfig(num_generations=3, reference_kl_enabled=True, **common), **team)
+    elif which == "magrpo_lora":
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+        args = MAGRPOConfig(num_generations=3, share_base_model=True, **common)
+        trainer = MAGRPOTrainer(args=args, peft_config=lora, **team)
+    elif which == "mappo":
+        # advantage_normalization z-scores inside each process's own batch (not the global one): off here
+        args = MAPPOConfig(ppo_epochs=1, advantage_normalization=False, **common)
+        trainer = MAPPOTrainer(args=args, critic_model=tiny_model_path(), **team)
+    elif which == "madpo":
+        trainer = MADPOTrainer(args=MADPOConfig(preference_num_candidates=3, **common), **team)
+    gathered = record_gathers(trainer)
+    prompt_seeded(trainer)
+    if which == "madpo":
+        # the processes collect strided shares of the items: put the gathered pairs in one canonical order
+        pairs = trainer.collect_preference_pairs()
+        pairs = sorted(pairs, key=lambda p: (p.prompts, p.winner_completions, p.loser_completions))
+        # one step = every pair (the order of the shuffled batches is the data loader's business, not the engine's)
+        trainer.pairs = pairs[: len(pairs) - len(pairs) % 2]
+        trainer.args.per_device_train_batch_size = len(trainer.pairs) // world
+    trainer.train()
+    trainer.save_model(out)
+    if trainer.accelerator.is_main_process:
+        with open(os.path.join(out, "run_info.json"), "w") as f:
+            json.dump({"num_processes": trainer.accelerator.num_processes, **gathered}, f)
+
+
+def record_gathers(trainer):
+    """Under FSDP2, record which agents hold full (non-DTensor) parameters while each agent generates, and how
+    the team is cut into FSDP units."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    import trl_marl.trainers.base as base
+
+    info = {"generating": [], "units_per_agent": []}
+    if not trainer.is_fsdp_enabled:
+        return info
+    team = trainer.team
+    backbones = [team.shared] if team.shared_base else list(team.agents)
+    info["units_per_agent"] = [sum(isinstance(m, FSDPModule) for m in b.modules()) for b in backbones]
+    info["sharded_at_start"] = all(isinstance(p, DTensor) for p in team.parameters())
+    original = base.__dict__.setdefault("_unpatched_gather", base.gathered_for_generation)
+
+    class Recording:
+        def __init__(self, module, root):
+            self.ctx = original(module, root)
+
+        def __enter__(self):
+            m = self.ctx.__enter__()
+            full = [not any(isinstance(p, DTensor) for p in b.parameters()) for b in backbones]
+            info["generating"].append(full)
+            return m
+
+        def __exit__(self, *exc):
+            return self.ctx.__exit__(*exc)
+
+    base.gathered_for_generation = Recording
+    return info
+
+
+WORDS = ["rain", "snow", "wind", "fire", "stone", "gold", "sea", "sky"]
 
 
 def run(which, out, hetero):
@@ -148,7 +278,14 @@ def run(which, out, hetero):
     if os.environ.get("DIST_RUN_DEBUG"):
         a = trainer.accelerator
         sd = a.get_state_dict(trainer.model)
-        print("DEBUG", a.is_fsdp2, a.distributed_type, a.state.fsdp_plugin, {type(v).__name__ for v in sd.values()}, flush=True)
+        print(
+            "DEBUG",
+            a.is_fsdp2,
+            a.distributed_type,
+            a.state.fsdp_plugin,
+            {type(v).__name__ for v in sd.values()},
+            flush=True,
+        )
     metrics = trainer.evaluate_reward()
     trainer.save_model(out)
     # the full weights as the engine holds them (gathered under ZeRO-3), to compare with what was saved

@@ -1015,7 +1015,7 @@ class MultiAgentTrainer(_BaseTrainer):
         if state_dict is None:
             state_dict = team.state_dict()
         for i, agent in enumerate(team.agents):
-            prefix = f"agents.{i}."
+            prefix = "shared." if team.shared_base else f"agents.{i}."  # a LoRA team's agents share `shared`
             sub = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
             folder = os.path.join(output_dir, f"agent_{i + 1}")
             agent.save_pretrained(folder, state_dict=sub or None)
