@@ -28,6 +28,7 @@ import importlib.util
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -186,6 +187,13 @@ def _set_distributed_env(accelerator) -> None:
     os.environ["RANK"] = str(accelerator.process_index)
     os.environ["LOCAL_RANK"] = str(accelerator.local_process_index)
     os.environ["WORLD_SIZE"] = str(accelerator.num_processes)
+    if not torch.distributed.is_initialized():
+        # vLLM starts a one-process group of its own: on a port the OS hands out, not on a MASTER_PORT left in
+        # the environment, nor on TRL's first choice (29500, which other jobs on a shared machine may take between
+        # the check and the bind)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     ensure_master_addr_port()
 
 
