@@ -241,7 +241,7 @@ class VLLMTeamGeneration:
     """The colocated vLLM engines of one trainer (see the module docstring). `trainer.generate` calls `generate`.
 
     Attributes (for benchmarks): `startup_seconds` (engine starts), `sync_seconds` / `num_syncs` (weight pushes),
-    `generate_seconds` (vLLM `generate` calls).
+    `generate_seconds` (vLLM `generate` calls), `gap_seconds` (the trainer-side scoring of the log-prob gap metric).
     """
 
     def __init__(self, trainer: MultiAgentTrainer):
@@ -263,6 +263,7 @@ class VLLMTeamGeneration:
         self.sync_seconds = 0.0
         self.num_syncs = 0
         self.generate_seconds = 0.0
+        self.gap_seconds = 0.0
         _set_distributed_env(trainer.accelerator)
         t0 = time.perf_counter()
         if self.lora:
@@ -419,7 +420,9 @@ class VLLMTeamGeneration:
         if self.enable_sleep_mode:
             self._sleep()
         if trainer.model.training and not greedy:
+            t1 = time.perf_counter()
             self._record_logprob_gap(outputs)
+            self.gap_seconds += time.perf_counter() - t1
         return outputs
 
     def _to_output(self, i: int, prompt_ids: list[list[int]], results: list) -> GenerationOutput:
