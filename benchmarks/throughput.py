@@ -2,6 +2,7 @@
 
     python benchmarks/throughput.py                      # C0 and the 8-prompt configuration, 1 torch thread
     python benchmarks/throughput.py --steps 100 --output benchmarks/results/throughput.json
+    python benchmarks/throughput.py --vllm               # HF generate vs vLLM (benchmarks/vllm_throughput.py)
 
 The reference configuration C0: 2 agents, G=4, 16 new tokens, the tiny Llama (vocab 512, hidden 64, intermediate 128,
 2 layers, 4 heads), one prompt per step, one torch thread. Every configuration runs in its own subprocess (so peak
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -189,6 +191,11 @@ def _child(args) -> None:
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--vllm" in argv:  # HF generate against vLLM: benchmarks/vllm_throughput.py
+        import vllm_throughput
+
+        return vllm_throughput.main([a for a in argv if a != "--vllm"])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["all", "bare", "trainer"], default="all")
     p.add_argument("--steps", type=int, default=50)

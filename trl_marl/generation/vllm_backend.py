@@ -28,6 +28,7 @@ import importlib.util
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -186,6 +187,13 @@ def _set_distributed_env(accelerator) -> None:
     os.environ["RANK"] = str(accelerator.process_index)
     os.environ["LOCAL_RANK"] = str(accelerator.local_process_index)
     os.environ["WORLD_SIZE"] = str(accelerator.num_processes)
+    if not torch.distributed.is_initialized():
+        # vLLM starts a one-process group of its own: on a port the OS hands out, not on a MASTER_PORT left in
+        # the environment, nor on TRL's first choice (29500, which other jobs on a shared machine may take between
+        # the check and the bind)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     ensure_master_addr_port()
 
 
@@ -233,7 +241,7 @@ class VLLMTeamGeneration:
     """The colocated vLLM engines of one trainer (see the module docstring). `trainer.generate` calls `generate`.
 
     Attributes (for benchmarks): `startup_seconds` (engine starts), `sync_seconds` / `num_syncs` (weight pushes),
-    `generate_seconds` (vLLM `generate` calls).
+    `generate_seconds` (vLLM `generate` calls), `gap_seconds` (the trainer-side scoring of the log-prob gap metric).
     """
 
     def __init__(self, trainer: MultiAgentTrainer):
@@ -255,6 +263,7 @@ class VLLMTeamGeneration:
         self.sync_seconds = 0.0
         self.num_syncs = 0
         self.generate_seconds = 0.0
+        self.gap_seconds = 0.0
         _set_distributed_env(trainer.accelerator)
         t0 = time.perf_counter()
         if self.lora:
@@ -411,7 +420,9 @@ class VLLMTeamGeneration:
         if self.enable_sleep_mode:
             self._sleep()
         if trainer.model.training and not greedy:
+            t1 = time.perf_counter()
             self._record_logprob_gap(outputs)
+            self.gap_seconds += time.perf_counter() - t1
         return outputs
 
     def _to_output(self, i: int, prompt_ids: list[list[int]], results: list) -> GenerationOutput:

