@@ -44,7 +44,7 @@ def test_maac_critic_takes_one_sgd_step_per_agent_on_the_updated_critic(make_arg
     targets = data.targets[0][torch.tensor(rows)]
 
     # the spec by hand: agent 1's batch, an SGD step; agent 2's batch on the UPDATED critic, another step
-    expected = critic0
+    expected = copy.deepcopy(critic0)
     for _ in range(2):
         expected.zero_grad()
         v = expected(batch[0].input_ids, batch[0].attention_mask)

@@ -310,7 +310,9 @@ def test_marlhf_learns_the_length_ratio_task(task_trainer):
         reward_learning_rate=1e-3,
         reward_num_train_epochs=1,
         reward_max_length=40,
-        max_steps=30,
+        # 30 steps passed only by the luck of one random draw (measured on the old code: +0.102 / +0.047 / +0.041
+        # for seeds 0 / 1 / 2); 50 steps learn reliably (+0.27 at seed 0)
+        max_steps=50,
     )
     t.train()
     after = t.state.log_history[-1]["eval_reward"]  # the post-training evaluation, with the task reward
