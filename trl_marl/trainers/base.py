@@ -56,6 +56,7 @@ from ..team import (
     resolve_formatters,
 )
 from .config import MultiAgentConfig
+from .names import accept_trl_names
 
 __all__ = ["MultiAgentTrainer", "RolloutSampler"]
 
@@ -96,6 +97,15 @@ class RolloutSampler(Sampler[int]):
         return (self.num_items // self.global_batch) * self.global_batch * self.repeat
 
 
+def _column_names(dataset: Any) -> list[str] | None:
+    """The columns of a `datasets.Dataset` or of a list of dict rows (None when unknown)."""
+    names = getattr(dataset, "column_names", None)
+    if names is not None:
+        return list(names)
+    first = dataset[0] if len(dataset) else None
+    return list(first) if isinstance(first, dict) else None
+
+
 def _identity_collate(batch: list) -> list:
     return batch
 
@@ -104,20 +114,24 @@ class MultiAgentTrainer(_BaseTrainer):
     """Base trainer of a team of cooperating LLM agents.
 
     Args:
-        agent_model: one model id / path, loaded `args.num_agents` times as independent copies (homogeneous team).
-            A model object is accepted only when `num_agents == 1`.
-        agents: a list of model ids / paths or model objects, one per agent (heterogeneous teams allowed).
-        reward_func: the joint reward (see `trl_marl.rewards` for the calling convention).
+        model: TRL's name for the team: one model id / path, loaded `args.num_agents` times as independent copies
+            (homogeneous team; a model object only when `num_agents == 1`), or a list with one model id / path /
+            object per agent (heterogeneous teams allowed). Deprecated aliases: `agent_model=` (one), `agents=`
+            (the list).
+        reward_funcs: the joint reward (see `trl_marl.rewards` for the calling conventions), or a list of them
+            summed with `args.reward_weights` (each logged as `rewards/<name>/mean`). Deprecated alias:
+            `reward_func=`.
         args: the trainer's config.
         train_dataset: task items (`datasets.Dataset` or a list of dicts).
         eval_dataset: held-out task items for evaluation with the task reward.
-        tokenizer: one tokenizer for all agents, or one per agent; loaded from the agents' ids when omitted.
+        processing_class: one tokenizer for all agents, or one per agent; loaded from the agents' ids when omitted.
+            Deprecated alias: `tokenizer=`.
         formatters: one callable for all agents, or one per agent, `formatter(item) -> str | chat messages`;
             default: `item["prompt"]`.
         reward_processor: optional `float -> float` applied to every reward (`trl_marl.rewards.scale`, `shift`, ...).
         external_transition: multi-turn transition, required when `num_turns > 1`.
         model_config: loading options for ids: `dtype`, `attn_implementation`, `trust_remote_code`, `revision`,
-            `model_kwargs` (a dict), or a TRL `ModelConfig`.
+            `model_kwargs` (a dict), or a TRL `ModelConfig`; `args.model_init_kwargs` (TRL's) adds to them.
         metrics_callback: `callable(rollout_records) -> dict[str, float]` of domain metrics, called on every
             training rollout and evaluation.
         wandb_config: the reference library's W&B settings (`project`, `entity`, `name`, `tags`, `dir`, `id`,
@@ -169,7 +183,10 @@ class MultiAgentTrainer(_BaseTrainer):
 
         # ---- validation, before any model loads ----
         if agent_model is None and agents is None:
-            raise ValueError("pass agent_model (one id for a homogeneous team) or agents (one model or id per agent)")
+            raise ValueError(
+                "pass model= (one id / path for a homogeneous team, or a list with one model or id per agent; "
+                "deprecated aliases: agent_model=, agents=)"
+            )
         if agent_model is not None and agents is not None:
             raise ValueError("pass either agent_model or agents, not both")
         if agent_model is not None and not isinstance(agent_model, (str, os.PathLike)) and n > 1:
@@ -189,10 +206,16 @@ class MultiAgentTrainer(_BaseTrainer):
                 f"num_turns={args.num_turns} needs an external_transition (it builds each next turn's prompts)"
             )
         if reward_func is None:
-            raise ValueError("reward_func is required: it scores the joint response of the agents")
-        reward = RewardFunction(reward_func, n, reward_processor, allow_per_agent=self.supports_per_agent_rewards)
+            raise ValueError("reward_funcs is required: it scores the joint response of the agents")
         if train_dataset is None or len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: pass a datasets.Dataset (or list of dicts) of task items")
+        reward = RewardFunction(
+            reward_func,
+            n,
+            reward_processor,
+            allow_per_agent=self.supports_per_agent_rewards,
+            column_names=_column_names(train_dataset),
+        )
         if eval_dataset is not None and len(eval_dataset) == 0:
             raise ValueError("eval_dataset is empty; pass None to disable evaluation")
         if args.parallel_training == "mp" and args.agent_devices and len(args.agent_devices) not in (1, n):
@@ -278,6 +301,11 @@ class MultiAgentTrainer(_BaseTrainer):
         self._step = 0
         self.env_step = 0  # joint-action reward evaluations on this process
         self._last_eval_reward: float | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:  # TRL's names and positional order on every trainer (see names.py)
+            cls.__init__ = accept_trl_names(cls.__dict__["__init__"])
 
     def _render(self, i: int, formatted) -> PromptText:
         text = render_prompt(formatted, self.tokenizers[i])
@@ -407,7 +435,7 @@ class MultiAgentTrainer(_BaseTrainer):
             return GenerationConfig(
                 num_return_sequences=num_return_sequences,
                 do_sample=False,
-                max_new_tokens=self.args.max_new_tokens,
+                max_new_tokens=self.args.max_completion_length,
                 pad_token_id=tok.pad_token_id,
                 eos_token_id=eos_ids if eos_ids is not None else self.eos_ids[i],
                 use_cache=True,
@@ -415,7 +443,7 @@ class MultiAgentTrainer(_BaseTrainer):
         return GenerationConfig(
             num_return_sequences=num_return_sequences,
             do_sample=True,
-            max_new_tokens=self.args.max_new_tokens,
+            max_new_tokens=self.args.max_completion_length,
             temperature=self.args.temperature,
             top_p=self.args.top_p,
             top_k=self.args.top_k or 0,
@@ -559,7 +587,7 @@ class MultiAgentTrainer(_BaseTrainer):
     def tokenize_completion(self, i: int, text: str) -> torch.Tensor:
         """Token ids of a completion given as text (a comparator's, or one re-read from a round file): the text
         without special tokens, then agent i's EOS (a finished answer), cut to `max_new_tokens`."""
-        ids = self.tokenizers[i](text, add_special_tokens=False)["input_ids"][: self.args.max_new_tokens - 1]
+        ids = self.tokenizers[i](text, add_special_tokens=False)["input_ids"][: self.args.max_completion_length - 1]
         return torch.tensor(
             [*ids, self.eos_ids[i][0] if self.eos_ids[i] else self.tokenizers[i].eos_token_id], dtype=torch.long
         )
@@ -953,3 +981,6 @@ def _apply_wandb_config(args: MultiAgentConfig, cfg: dict) -> None:
     report = [r for r in report if r and r != "none"]
     if "wandb" not in report:
         args.report_to = report + ["wandb"]
+
+
+MultiAgentTrainer.__init__ = accept_trl_names(MultiAgentTrainer.__init__)

@@ -73,7 +73,8 @@ class IterativeConfigMixin:
     r"""Fields of the iterative trainers (`MADPOIterConfig`, `MARLHFIterConfig`).
 
     Parameters:
-        num_iterations: rounds of collect -> store -> select -> train.
+        num_rounds: rounds of collect -> store -> select -> train.
+        num_iterations: deprecated alias of `num_rounds` (in TRL's GRPO `num_iterations` means PPO epochs).
         preference_replay_mode: which stored rounds each round trains on: `current`, `nearest_k`, `all_history`,
             `lambda_decay` (or a plugin's name; entry-point group `trl_marl.replay_modes`).
         preference_replay_k: `nearest_k`: the latest k non-empty rounds; `lambda_decay`: the latest K (optional).
@@ -108,7 +109,8 @@ class IterativeConfigMixin:
         comparator_api_max_concurrency: most requests in flight.
     """
 
-    num_iterations: int = field(default=3, metadata={"help": "Rounds of collect -> store -> select -> train."})
+    num_rounds: int = field(default=3, metadata={"help": "Rounds of collect -> store -> select -> train."})
+    num_iterations: int | None = field(default=None, metadata={"help": "Deprecated alias of num_rounds."})
     preference_replay_mode: str = field(default="current", metadata={"help": "Replay mode (plugin name)."})
     preference_replay_k: int | None = field(default=None, metadata={"help": "Rounds k of nearest_k / lambda_decay."})
     preference_replay_lambda: float | None = field(default=None, metadata={"help": "lambda of lambda_decay."})
@@ -147,8 +149,8 @@ class IterativeConfigMixin:
     comparator_api_max_concurrency: int = field(default=8, metadata={"help": "API requests in flight."})
 
     def _validate_iterative(self) -> None:
-        if self.num_iterations < 1:
-            raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
+        if self.num_rounds < 1:
+            raise ValueError(f"num_rounds must be >= 1, got {self.num_rounds}")
         for name in ("comparator_api_headers", "comparator_api_extra_body"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -185,6 +187,7 @@ class MADPOIterConfig(MADPOConfig, IterativeConfigMixin):
     num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs over B(nu) in each round."})
     pair_selection: str = _ITER_PAIR_SELECTION
     _allowed_pair_selections = PAIR_SELECTIONS
+    _deprecated_aliases = {**MADPOConfig._deprecated_aliases, "num_iterations": "num_rounds"}
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
@@ -215,6 +218,7 @@ class MARLHFIterConfig(MARLHFConfig, IterativeConfigMixin):
         metadata={"help": "Oracle of new comparisons: task or reward_model.", "choices": list(PREFERENCE_SCORING)},
     )
     _allowed_pair_selections = PAIR_SELECTIONS
+    _deprecated_aliases = {**MARLHFConfig._deprecated_aliases, "num_iterations": "num_rounds"}
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()

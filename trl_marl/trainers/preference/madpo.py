@@ -111,15 +111,18 @@ class MADPOConfig(PreferenceConfig):
     r"""Configuration of `MADPOTrainer`: all `PreferenceConfig` fields, plus:
 
     Parameters:
-        dpo_beta: eta, the scale of the joint margin in the loss.
+        beta: eta, the scale of the joint margin in the loss (TRL's `DPOConfig.beta`).
+        dpo_beta: deprecated alias of `beta`.
     """
 
-    dpo_beta: float = field(default=0.1, metadata={"help": "Scale eta of the joint margin."})
+    beta: float = field(default=0.1, metadata={"help": "Scale eta of the joint margin (DPO's beta)."})
+    dpo_beta: float | None = field(default=None, metadata={"help": "Deprecated alias of beta."})
+    _deprecated_aliases = {**PreferenceConfig._deprecated_aliases, "dpo_beta": "beta"}
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
-        if self.dpo_beta <= 0:
-            raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
+        if self.beta <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
 
 
 assert set(PreferenceConfig._allowed_pair_selections) <= set(PAIR_SELECTIONS)
