@@ -226,7 +226,7 @@ def load_recipe_dataset(recipe_args: RecipeArguments) -> tuple[Any, Any]:
             f"splits: {sorted(data)}"
         )
     train = data[recipe_args.dataset_train_split]
-    test = data[recipe_args.dataset_test_split] if recipe_args.dataset_test_split in data else None
+    test = data.get(recipe_args.dataset_test_split)
     return train, test
 
 

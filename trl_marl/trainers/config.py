@@ -120,9 +120,7 @@ class MultiAgentConfig(_BaseConfig):
         default=False, metadata={"help": "Use external_transition's prompts verbatim (no formatter)."}
     )
     max_completion_length: int = field(default=128, metadata={"help": "Maximum completion length in tokens."})
-    max_new_tokens: int | None = field(
-        default=None, metadata={"help": "Deprecated alias of max_completion_length."}
-    )
+    max_new_tokens: int | None = field(default=None, metadata={"help": "Deprecated alias of max_completion_length."})
     max_prompt_length: int | None = field(
         default=None, metadata={"help": "Truncate prompts to this many tokens (from the left); None keeps them."}
     )
@@ -250,7 +248,9 @@ class MultiAgentConfig(_BaseConfig):
         with warnings.catch_warnings():
             # transformers >= 5.24 renamed `gradient_checkpointing` (`activation_checkpointing`) and warns whenever the
             # old field exists, which TRL 1.16's base config still declares: harmless, and not the user's doing.
-            warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning
+            )
             super().__post_init__()
 
     def _validate_multi_agent(self) -> None:
@@ -263,9 +263,7 @@ class MultiAgentConfig(_BaseConfig):
         need(self.joint_mode in JOINT_MODES, f"joint_mode must be one of {list(JOINT_MODES)}, got {self.joint_mode!r}")
         need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
         need(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
-        need(
-            self.max_completion_length >= 1, f"max_completion_length must be >= 1, got {self.max_completion_length}"
-        )
+        need(self.max_completion_length >= 1, f"max_completion_length must be >= 1, got {self.max_completion_length}")
         need(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         need(self.top_k is None or self.top_k >= 1, f"top_k must be None or >= 1, got {self.top_k}")
