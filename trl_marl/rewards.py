@@ -72,7 +72,7 @@ def _accepted_forms(n: int) -> str:
         "a TRL per-completion reward f(completions, **columns) (e.g. trl.rewards.*) lifted to the team: "
         "trl_marl.rewards.lift(f) (each agent's completions, averaged) or lift(f, agent=i)"
     )
-    return "\n  - ".join(["accepted forms:", *forms])
+    return "accepted forms:" + "".join(f"\n  - {form}" for form in forms)
 
 
 def team_reward(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -150,7 +150,7 @@ class RewardFunction:
         self._mode, self._pass_batch_items, self._pass_prompts = self._resolve_signature()
 
     def _refuse(self, why: str) -> TypeError:
-        return TypeError(f"reward function {self.name!r}: {why}.\n  - {_accepted_forms(self.num_agents)}")
+        return TypeError(f"reward function {self.name!r}: {why}.\n{_accepted_forms(self.num_agents)}")
 
     def _resolve_signature(self) -> tuple[str, bool, bool]:
         n = self.num_agents
