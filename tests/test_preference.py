@@ -163,7 +163,7 @@ def test_madpo_learns(task_trainer):
     t.train()
     after = t.state.log_history[-1]["eval_reward"]  # the post-update evaluation train() logs
     assert after > before + 0.05, (before, after)
-    assert any("rewards/accuracy" in h for h in t.state.log_history)
+    assert any("rewards/accuracies" in h and "rewards/margins" in h for h in t.state.log_history)
 
 
 # ---------------------------------------------------------------- centralized

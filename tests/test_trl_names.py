@@ -183,3 +183,61 @@ def test_weighted_sum_logs_components():
     assert set(rf.last_components) == {"count_a", "think_format_reward/agent_0"}
     with pytest.raises(ValueError, match="reward_weights has 1 entries for 2"):
         weighted_sum([count_a, count_a], [1.0])
+
+
+# ---------------------------------------------------------------- TRL's metric names
+def test_team_rollout_metrics_on_hand_computed_numbers():
+    from types import SimpleNamespace as NS
+
+    from trl_marl.metrics import rollout_num_tokens, team_rollout_metrics
+
+    nodes = [NS(raw_rewards=torch.tensor([1.0, 3.0])), NS(raw_rewards=torch.tensor([[2.0, 2.0], [2.0, 2.0]]))]
+    eos = 9
+    samples = [
+        NS(agent=0, completion_ids=torch.tensor([5, eos]), prompt_ids=torch.tensor([1, 2, 3])),
+        NS(agent=0, completion_ids=torch.tensor([5, 6, 7, 8]), prompt_ids=torch.tensor([1])),  # clipped
+        NS(agent=1, completion_ids=torch.tensor([eos]), prompt_ids=torch.tensor([1, 2])),
+        NS(agent=1, completion_ids=torch.tensor([], dtype=torch.long), prompt_ids=torch.tensor([1])),  # clipped
+    ]
+    m = team_rollout_metrics(NS(nodes=nodes, samples=samples), [[eos], [eos]])
+    assert m["reward"] == pytest.approx((1 + 3 + 2 + 2) / 4)
+    assert m["reward_std"] == pytest.approx((1.0 + 0.0) / 2)  # population std per node, then the mean
+    assert m["frac_reward_zero_std"] == 0.5
+    assert m["completions/mean_length"] == pytest.approx(7 / 4)
+    assert m["completions/min_length"] == 0 and m["completions/max_length"] == 4
+    assert m["completions/clipped_ratio"] == 0.5
+    assert rollout_num_tokens(NS(samples=samples)) == 7 + 7
+
+
+def test_training_logs_trl_metric_names_and_the_completions_table(tmp_path, tiny_path, capsys):
+    def n_chars(a, b):
+        return [float(len(x) + len(y)) for x, y in zip(a, b)]
+
+    args = cfg(
+        tmp_path,
+        max_steps=2,
+        logging_steps=1,
+        reference_kl_enabled=True,
+        log_completions=True,
+        num_completions_to_print=2,
+        disable_tqdm=True,
+    )
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=[count_a, n_chars], args=args, train_dataset=ITEMS)
+    t.train()
+    logs = [h for h in t.state.log_history if "loss" in h]
+    for key in [
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/count_a/mean",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "kl",
+        "num_tokens",
+        "agent_1/kl",
+    ]:
+        assert key in logs[0], key
+    assert logs[1]["num_tokens"] > logs[0]["num_tokens"] > 0  # cumulative, as in TRL
+    assert logs[0]["kl"] == pytest.approx((logs[0]["agent_1/kl"] + logs[0]["agent_2/kl"]) / 2)
+    out = capsys.readouterr().out
+    assert "Step 1" in out and "reward" in out  # TRL's rich table of prompts / completions

@@ -138,6 +138,7 @@ class RewardFunction:
         self.allow_per_agent = allow_per_agent
         self.column_names = None if column_names is None else list(column_names)
         self.last_components: dict[str, torch.Tensor] = {}
+        self._component_sums: dict[str, list[float]] = {}  # name -> [sum, count] since the last drain
         self._parts: list[tuple[str, float, RewardFunction]] | None = None
         if isinstance(func, WeightedReward):
             names = _unique_names([_name(f) for f in func.funcs])
@@ -277,6 +278,7 @@ class RewardFunction:
                 total = weight * values if total is None else total + weight * values
                 if total.shape != values.shape:
                     raise ValueError(f"reward function {name!r} returned a different shape than the others")
+            self._accumulate()
             return total
         kwargs: dict[str, Any] = {}
         if self._pass_batch_items and batch_items is not None:
@@ -293,7 +295,20 @@ class RewardFunction:
             out = self.func(lists, **kwargs)
         values = self._validate(out, num_joint)
         self.last_components = {self.name: values}
+        self._accumulate()
         return values
+
+    def _accumulate(self) -> None:
+        for name, values in self.last_components.items():
+            acc = self._component_sums.setdefault(name, [0.0, 0.0])
+            acc[0] += float(values.float().sum())
+            acc[1] += values.numel()
+
+    def drain_component_means(self) -> dict[str, float]:
+        """Each component's mean raw reward since the last drain (TRL's `rewards/<name>/mean`); resets the sums."""
+        out = {name: total / count for name, (total, count) in self._component_sums.items() if count}
+        self._component_sums = {}
+        return out
 
     def __call__(
         self,

@@ -42,6 +42,7 @@ from ..hub import (
     team_metadata,
     write_trainer_cards,
 )
+from ..metrics import log_completions_table, rollout_num_tokens, team_means_of_agent_metrics, team_rollout_metrics
 from ..rewards import RewardFunction
 from ..rollout import GenerationOutput, JointRollout, Rollout
 from ..team import (
@@ -695,6 +696,20 @@ class MultiAgentTrainer(_BaseTrainer):
             extra = self.metrics_callback(rollout.records())
             for k, v in (extra or {}).items():
                 m[k].append(float(v))
+        self._record_trl_metrics(rollout, mode)
+
+    def _record_trl_metrics(self, rollout: Rollout, mode: str) -> None:
+        """TRL's metric names (`reward`, `reward_std`, `completions/...`, `rewards/<func>/mean`, `num_tokens`)."""
+        m = self._metrics[mode]
+        for k, v in team_rollout_metrics(rollout, self.eos_ids).items():
+            m[k].append(v)
+        if mode == "train":
+            engine = getattr(self, "train_rollout_engine", self.rollout_engine)
+            for name, mean in engine.reward.drain_component_means().items():
+                m[f"rewards/{name}/mean"].append(mean)
+            self._tokens_since_log = getattr(self, "_tokens_since_log", 0) + rollout_num_tokens(rollout)
+            if self.args.log_completions:
+                self._completion_records = rollout.records()
 
     def _write_trace(self, rollout: Rollout) -> None:
         path = Path(self.args.trace_dir) / f"trace_rank{self.accelerator.process_index}.jsonl"
@@ -750,12 +765,23 @@ class MultiAgentTrainer(_BaseTrainer):
             if total > 0:
                 for k, v in self._timings.items():
                     metrics[f"time/{k}_fraction"] = v / total
+            metrics.update(team_means_of_agent_metrics(metrics))
+            tokens = torch.tensor([float(getattr(self, "_tokens_since_log", 0))], device=self.accelerator.device)
+            self._tokens_since_log = 0
+            if self.accelerator.num_processes > 1:
+                tokens = self.accelerator.gather(tokens)
+            self.state.num_input_tokens_seen += int(tokens.sum().item())  # TRL's num_tokens, kept in checkpoints
+            metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
             prefix = ""
         else:
             prefix = "eval_"
         logs = {**logs, **{prefix + k: v for k, v in metrics.items()}}
         super().log(logs, start_time)
         self._metrics[mode].clear()
+        records = getattr(self, "_completion_records", None)
+        if mode == "train" and records and self.args.log_completions and self.accelerator.is_main_process:
+            log_completions_table(records, self.state.global_step, self.args, self.args.num_completions_to_print)
+            self._completion_records = None
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:

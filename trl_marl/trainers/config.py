@@ -86,6 +86,10 @@ class MultiAgentConfig(_BaseConfig):
             `GRPOConfig.reward_weights`; the team reward is the weighted sum.
         model_init_kwargs: keyword arguments for `from_pretrained` when the agents are given as ids (TRL's field),
             e.g. `{"dtype": "bfloat16", "attn_implementation": "sdpa"}`; joins the trainer's `model_config`.
+        log_completions: print a table of a training rollout's joint actions (prompts, each agent's completion,
+            reward, advantages) at every logging step, and log it as a W&B / trackio table when those are in
+            `report_to` (TRL's `GRPOConfig.log_completions`).
+        num_completions_to_print: rows of that table (`None`: all).
         hub_team_layout: how `push_to_hub` shares the team: `"team"` (ONE repo `hub_model_id` with a folder per agent,
             `team.json` and a team card) or `"per_agent"` (one repo per agent, `{hub_model_id}-agent-{i}`). Supported
             `hub_strategy` values: `"end"` and `"every_save"` in both layouts; `"checkpoint"` and `"all_checkpoints"`
@@ -173,6 +177,13 @@ class MultiAgentConfig(_BaseConfig):
     )
     model_init_kwargs: dict | str | None = field(
         default=None, metadata={"help": "from_pretrained keyword arguments for the agents (a dict or JSON string)."}
+    )
+
+    log_completions: bool = field(
+        default=False, metadata={"help": "Print (and log to W&B/trackio) a table of sampled completions."}
+    )
+    num_completions_to_print: int | None = field(
+        default=None, metadata={"help": "Rows of the log_completions table (None: all)."}
     )
 
     # Misc

@@ -279,12 +279,13 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         pairs = inputs["pairs"]
         margins = self.preference_margins(model, pairs)
-        loss, joint = madpo_loss(margins, self.args.dpo_beta)
+        loss, joint = madpo_loss(margins, self.args.beta)
         m = self._metrics["train"]
         delta = margins.detach().sum(dim=0)
         m["madpo/joint_loss"].append(joint.item())
-        m["rewards/accuracy"].append((delta > 0).float().mean().item())
-        m["rewards/margin"].append(delta.mean().item())
+        # DPO's names: the fraction of pairs ranked right, and the beta-scaled joint margin
+        m["rewards/accuracies"].append((delta > 0).float().mean().item())
+        m["rewards/margins"].append(self.args.beta * delta.mean().item())
         for i in range(margins.shape[0]):
             m[f"agent_{i + 1}/margin"].append(margins[i].detach().mean().item())
         # value: the joint loss L (what is logged as `loss`); gradient: the per-agent terms of `madpo_loss`
