@@ -241,3 +241,27 @@ def test_training_logs_trl_metric_names_and_the_completions_table(tmp_path, tiny
     assert logs[0]["kl"] == pytest.approx((logs[0]["agent_1/kl"] + logs[0]["agent_2/kl"]) / 2)
     out = capsys.readouterr().out
     assert "Step 1" in out and "reward" in out  # TRL's rich table of prompts / completions
+
+
+def test_madpo_final_evaluation_is_printed_and_returned_with_progress_bars(tmp_path, tiny_path, capsys):
+    from trl_marl import MADPOTrainer
+
+    args = MADPOConfig(
+        output_dir=str(tmp_path),
+        num_agents=2,
+        rollout_buffer_size=2,
+        preference_num_candidates=2,
+        max_completion_length=4,
+        train_batch_size=2,
+        max_steps=1,
+        eval_num_samples=2,
+        report_to="none",
+        save_strategy="no",
+        temperature=2.0,
+    )
+    t = MADPOTrainer(model=tiny_path, reward_funcs=count_a, args=args, train_dataset=ITEMS, eval_dataset=ITEMS)
+    out = t.train()
+    assert out.metrics["eval_reward"] == t.state.log_history[-1]["eval_reward"]
+    captured = capsys.readouterr()
+    assert f"final evaluation: eval_reward={out.metrics['eval_reward']:.4f}" in captured.out
+    assert "Collecting preference pairs" in captured.err and "Evaluating" in captured.err

@@ -340,8 +340,10 @@ def run_recipe(
     before = trainer.evaluate_reward()["eval_reward"] if test is not None and not resume else None
     if main and before is not None:
         print(f"[trl_marl] {label} eval reward before training: {before:.4f}")
-    trainer.train(resume_from_checkpoint=resume)
-    after = trainer.evaluate_reward()["eval_reward"] if test is not None else None
+    out = trainer.train(resume_from_checkpoint=resume)
+    after = (out.metrics or {}).get("eval_reward") if out is not None else None
+    if after is None and test is not None:  # trainers that do not evaluate at the end of train()
+        after = trainer.evaluate_reward()["eval_reward"]
     if main and after is not None:
         since = f" (before: {before:.4f})" if before is not None else ""
         print(f"[trl_marl] {label} eval reward after training:  {after:.4f}{since}")

@@ -43,6 +43,7 @@ from ..hub import (
     write_trainer_cards,
 )
 from ..metrics import log_completions_table, rollout_num_tokens, team_means_of_agent_metrics, team_rollout_metrics
+from ..progress import progress_bar, trainer_shows_progress
 from ..rewards import RewardFunction
 from ..rollout import GenerationOutput, JointRollout, Rollout
 from ..team import (
@@ -784,6 +785,18 @@ class MultiAgentTrainer(_BaseTrainer):
             self._completion_records = None
 
     # ------------------------------------------------------------------ evaluation
+    def _final_evaluation(self, out):
+        """Evaluate after training (when there is an eval dataset), print the result on the main process and add
+        it to the returned `TrainOutput.metrics` (as `eval_reward`, ...)."""
+        if self.eval_dataset is None or out is None:
+            return out
+        from transformers.trainer_utils import TrainOutput
+
+        metrics = self.evaluate()
+        if self.accelerator.is_main_process:
+            print(f"[trl_marl] final evaluation: eval_reward={metrics['eval_reward']:.4f}")
+        return TrainOutput(out.global_step, out.training_loss, {**(out.metrics or {}), **metrics})
+
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Sample the current agents (one completion each, training sampling settings) on the eval items and
         score them with the TASK reward. Logs and returns `{prefix}_reward` (the mean undiscounted team return from
@@ -815,7 +828,8 @@ class MultiAgentTrainer(_BaseTrainer):
         devices = [d for d in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.args.seed + 1_000_003 * (rank + 1))
-            for start in range(0, len(indices), bs):
+            starts = range(0, len(indices), bs)
+            for start in progress_bar(starts, "Evaluating", trainer_shows_progress(self)):
                 items = [ds[j] for j in indices[start : start + bs]]
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=1, greedy_baseline=False)
                 from ..rollout import assign_returns

@@ -24,6 +24,7 @@ from transformers.trainer_utils import TrainOutput
 
 from ...algorithms.logprobs import sequence_logprobs
 from ...algorithms.losses import madpo_loss
+from ...progress import progress_bar, trainer_shows_progress
 from ...team import collate_agent_batch
 from ..base import MultiAgentTrainer, _identity_collate
 from ..config import MultiAgentConfig
@@ -177,7 +178,8 @@ class PreferenceCollectionMixin:
         local: list[PreferencePair] = []
         rewards: list[float] = []
         was_training = self.model.training
-        for start in range(0, len(indices), bs):
+        starts = range(0, len(indices), bs)
+        for start in progress_bar(starts, "Collecting preference pairs", trainer_shows_progress(self)):
             items = [ds[j] for j in indices[start : start + bs]]
             rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
             self.env_step += rollout.env_steps
@@ -254,10 +256,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
             self.pairs = self.collect_preference_pairs()
         if not self.pairs:
             return self._end_without_pairs("there is nothing to learn from")
-        out = super().train(*args, **kwargs)
-        if self.eval_dataset is not None:
-            self.evaluate()  # a true post-update reward, unlike turn_1/reward_mean
-        return out
+        return self._final_evaluation(super().train(*args, **kwargs))  # a true post-update reward
 
     # ---- the loss ----
     def preference_margins(self, model, pairs: list[PreferencePair]) -> torch.Tensor:

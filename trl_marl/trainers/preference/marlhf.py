@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...progress import trainer_shows_progress
 from ...rewards import RewardFunction
 from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from ..reinforce import MAGRPOTrainer
@@ -197,6 +198,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             self.args.reward_train_batch_size,
             self.args.reward_freeze_backbone,
             self.args.seed,
+            progress=trainer_shows_progress(self),
         )
         if self.accelerator.num_processes > 1:  # identical data and seed; make it exact anyway
             from accelerate.utils import broadcast
@@ -227,10 +229,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             if not self.pairs:
                 return self._end_without_pairs("no reward model can be fitted")
             self.fit_reward_model()
-        out = super().train(*args, **kwargs)
-        if self.eval_dataset is not None:
-            self.evaluate()
-        return out
+        return self._final_evaluation(super().train(*args, **kwargs))
 
     def _save_extra(self, output_dir: str, state_dict: dict) -> None:
         super()._save_extra(output_dir, state_dict)

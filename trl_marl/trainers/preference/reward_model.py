@@ -21,6 +21,7 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from ...algorithms.losses import bradley_terry_loss
+from ...progress import progress_bar
 
 __all__ = ["JointRewardModel", "joint_text"]
 
@@ -122,18 +123,25 @@ class JointRewardModel(nn.Module):
         batch_size: int = 4,
         freeze_backbone: bool = False,
         seed: int = 0,
+        progress: bool = False,
     ) -> list[float]:
         """Bradley-Terry fit on preference pairs (objects with `prompts`, `winner_completions`,
-        `loser_completions`). Returns the loss of every step; the model is left in eval mode, frozen."""
+        `loser_completions`). Returns the loss of every step; the model is left in eval mode, frozen. `progress`
+        shows a progress bar over the steps."""
         params = self._trainable(freeze_backbone)
         opt = torch.optim.AdamW(params, lr=learning_rate)
         order = list(range(len(pairs)))
         rng = random.Random(seed)
         losses: list[float] = []
         self.train()
-        for _ in range(max(1, math.ceil(num_epochs))):
+        epochs = max(1, math.ceil(num_epochs))
+        steps = iter(
+            progress_bar(range(epochs * math.ceil(len(order) / batch_size)), "Fitting the reward model", progress)
+        )
+        for _ in range(epochs):
             rng.shuffle(order)
             for start in range(0, len(order), batch_size):
+                next(steps, None)
                 chunk = [pairs[k] for k in order[start : start + batch_size]]
                 texts = [joint_text(p.prompts, p.winner_completions) for p in chunk] + [
                     joint_text(p.prompts, p.loser_completions) for p in chunk
