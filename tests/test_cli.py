@@ -226,3 +226,38 @@ def test_wheel_installs_and_trl_marl_madpo_runs_from_an_empty_directory(tmp_path
         [sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True
     ).stdout
     assert "trl_marl/accelerate_configs/multi_cpu.yaml" in listing and "trl_marl/cli/launch.py" in listing
+
+
+@pytest.mark.parametrize("task", ["coordination", "length_ratio", "writing"])
+def test_builtin_tasks_fit_every_recipe_default(tmp_path, task):
+    """No recipe's default run skips items of a built-in task ("not a multiple of one rollout batch")."""
+    from trl_marl.scripts import parse_recipe_args
+    from trl_marl.tasks import load_task
+
+    size = len(load_task(task).train_dataset)
+    for name, recipe in RECIPES.items():
+        _, config = parse_recipe_args(
+            recipe.config_class(), argv=["--output_dir", str(tmp_path)], tiny_defaults=recipe.tiny_defaults
+        )
+        assert size % config.rollout_buffer_size == 0, (name, size, config.rollout_buffer_size)
+
+
+def test_configs_do_not_emit_third_party_deprecations(tmp_path, recwarn):
+    RECIPES["madpo"].config_class()(output_dir=str(tmp_path))
+    assert not [str(w.message) for w in recwarn if "gradient_checkpointing` is deprecated" in str(w.message)]
+    assert os.environ.get("DS_ACCELERATOR") == "cpu"  # DeepSpeed's "Setting accelerator to CPU" line is silenced
+
+
+@pytest.mark.slow
+def test_default_run_is_quiet(tmp_path, tiny_path, caplog, recwarn):
+    """The built-in task and the recipe defaults fit each other (no "not a multiple of one rollout batch"
+    warning), and the known-harmless third-party deprecation warnings are filtered."""
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    run_command("magrpo", ["--max_steps", "1", "--eval_num_samples", "2", "--output_dir", str(tmp_path)])
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("trl_marl") and r.levelno >= logging.WARNING]
+    assert not ours, ours
+    noisy = [str(w.message) for w in recwarn if "gradient_checkpointing` is deprecated" in str(w.message)]
+    assert not noisy, noisy
+    assert os.environ.get("DS_ACCELERATOR") == "cpu"  # DeepSpeed's "Setting accelerator to CPU" line is silenced

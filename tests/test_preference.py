@@ -141,7 +141,7 @@ def test_madpo_no_pair_ends_without_update(make_args, items, tiny_path, capsys):
         ({"pair_selection": "all"}, "set preference_pairs_per_sample=None"),
         ({"pair_selection": "best"}, "pair_selection must be one of"),
         ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2"),
-        ({"dpo_beta": 0.0}, "dpo_beta must be > 0"),
+        ({"dpo_beta": 0.0}, "beta must be > 0"),
         ({"collaboration_mode": "hive"}, "collaboration_mode must be one of"),
     ],
 )

@@ -16,7 +16,7 @@ from ..scripts import RecipeArguments, critic_source, explicit_flags, parse_reci
 
 __all__ = ["Recipe", "RECIPES", "MAGRPOScriptArguments", "make_parser", "run_command"]
 
-# the tiny model's no-argument MADPO run: ~250 pairs from 62 items, 4 epochs
+# the tiny model's no-argument MADPO run: ~256 pairs from 64 items, 4 epochs
 MADPO_TINY_DEFAULTS = {
     "rollout_buffer_size": 16,
     "preference_num_candidates": 4,

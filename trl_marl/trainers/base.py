@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -63,6 +64,10 @@ from .names import accept_trl_names
 __all__ = ["MultiAgentTrainer", "RolloutSampler"]
 
 logger = logging.getLogger(__name__)
+
+# transformers >= 5.24 deprecates `is_gradient_checkpointing`, which transformers.Trainer and TRL 1.16 still read on
+# every model they handle: known harmless, not the user's doing, and printed on every run.
+warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 TEAM_FILE = "team.json"
 
@@ -772,7 +777,8 @@ class MultiAgentTrainer(_BaseTrainer):
             if self.accelerator.num_processes > 1:
                 tokens = self.accelerator.gather(tokens)
             self.state.num_input_tokens_seen += int(tokens.sum().item())  # TRL's num_tokens, kept in checkpoints
-            metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
+            if self.state.num_input_tokens_seen:  # trainers that train on rollouts (not on stored pairs)
+                metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
             prefix = ""
         else:
             prefix = "eval_"

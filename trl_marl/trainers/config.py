@@ -8,9 +8,15 @@ import warnings
 from dataclasses import MISSING, dataclass, field, fields
 
 import torch
-from trl.trainer.base_config import _BaseConfig
 
-from ..rollout import JOINT_MODES
+if not torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") is None:
+    # DeepSpeed picks the CPU by itself on a machine without a GPU but prints "Setting accelerator to CPU" at import;
+    # naming the accelerator it would pick anyway silences that line (known harmless).
+    os.environ["DS_ACCELERATOR"] = "cpu"
+
+from trl.trainer.base_config import _BaseConfig  # noqa: E402
+
+from ..rollout import JOINT_MODES  # noqa: E402
 
 __all__ = ["MultiAgentConfig", "PARALLEL_MODES"]
 
