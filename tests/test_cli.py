@@ -261,3 +261,19 @@ def test_default_run_is_quiet(tmp_path, tiny_path, caplog, recwarn):
     noisy = [str(w.message) for w in recwarn if "gradient_checkpointing` is deprecated" in str(w.message)]
     assert not noisy, noisy
     assert os.environ.get("DS_ACCELERATOR") == "cpu"  # DeepSpeed's "Setting accelerator to CPU" line is silenced
+
+
+@pytest.mark.slow
+def test_accelerate_config_multi_cpu_really_launches_two_ranks(tmp_path, tiny_path):
+    """`trl-marl magrpo --accelerate_config multi_cpu`: the shipped config, `accelerate launch` of the packaged
+    launcher, two ranks training, rank 0 alone printing and saving."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-c", "import sys; from trl_marl.cli import main; sys.exit(main())",
+        "magrpo", "--accelerate_config", "multi_cpu", "--output_dir", str(tmp_path / "ddp"), "--max_steps", "1",
+        "--eval_num_samples", "2", "--rollout_buffer_size", "2", "--num_generations", "2", "--disable_tqdm", "true",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("eval reward after training") == 1
+    assert (tmp_path / "ddp" / "agent_2" / "model.safetensors").exists()
