@@ -22,6 +22,7 @@ import torch
 from ...progress import trainer_shows_progress
 from ...rewards import RewardFunction
 from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from ..names import TRL_POSITIONAL
 from ..reinforce import MAGRPOTrainer
 from .madpo import PreferenceCollectionMixin, PreferenceConfig
 from .reward_model import JointRewardModel
@@ -254,6 +255,9 @@ class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):
     actor_critic_variants: dict[str, type] = {}
 
     def __new__(cls, *args, **kwargs):
+        if len(args) > 2:  # TRL's positional order (model, reward_funcs, args, ...): see trainers/names.py
+            kwargs = {**dict(zip(TRL_POSITIONAL, args)), **kwargs}
+            args = ()
         cfg = kwargs.get("args")
         backend = cls.__dict__.get("actor_critic_variants", {}).get(getattr(cfg, "rl_algorithm", None))
         if backend is not None:
