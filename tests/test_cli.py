@@ -277,3 +277,10 @@ def test_accelerate_config_multi_cpu_really_launches_two_ranks(tmp_path, tiny_pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("eval reward after training") == 1
     assert (tmp_path / "ddp" / "agent_2" / "model.safetensors").exists()
+
+
+def test_builtin_task_names_in_the_help_are_the_registered_tasks():
+    from trl_marl.scripts import BUILTIN_TASKS
+    from trl_marl.tasks import TASKS
+
+    assert list(BUILTIN_TASKS) == list(TASKS)

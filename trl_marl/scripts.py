@@ -1,8 +1,10 @@
 """What the recipes in `recipes/` share: their script arguments, building the team and task, and the run.
 
-A recipe is `accelerate launch recipes/<algo>.py [--flag value ...] [--config x.yaml]`. Every config field is a flag
-(and a YAML key) through TRL's `TrlParser`. With no model given, the run uses the project's tiny local model and the
-recipe's embedded defaults, tuned so that it finishes in a few minutes on a CPU and visibly learns.
+A recipe is `accelerate launch recipes/<algo>.py [--flag value ...] [--config x.yaml]`, or `trl-marl <algo> ...` from
+an installed wheel (`trl_marl.cli`: both call `trl_marl.cli.recipes.run_command`). Every config field is a flag (and
+a YAML key) through TRL's `TrlParser`, beside TRL's `ModelConfig` and `ScriptArguments` flags. With no model given,
+the run uses the project's tiny local model and the recipe's embedded defaults, tuned so that it finishes in a few
+minutes on a CPU and visibly learns.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ __all__ = [
     "parse_recipe_args",
     "run_recipe",
     "explicit_flags",
+    "import_object",
+    "load_recipe_dataset",
+    "recipe_formatters",
+    "recipe_reward",
+    "recipe_model_config",
+    "BUILTIN_TASKS",
     "TINY_DEFAULTS",
 ]
 

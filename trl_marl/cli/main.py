@@ -13,6 +13,7 @@ with the named config shipped in the package (`trl_marl/accelerate_configs/`, th
 
 from __future__ import annotations
 
+import os
 import sys
 from argparse import ArgumentParser, RawDescriptionHelpFormatter
 
@@ -106,8 +107,6 @@ def print_env() -> None:
         "Devices": devices,
     }
     try:
-        import os
-
         from accelerate.commands.config import default_config_file
 
         lines["accelerate default config"] = (
