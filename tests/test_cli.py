@@ -291,4 +291,15 @@ def test_builtin_task_names_in_the_help_are_the_registered_tasks():
     from trl_marl.scripts import BUILTIN_TASKS
     from trl_marl.tasks import TASKS
 
-    assert list(BUILTIN_TASKS) == list(TASKS)
+    assert sorted(BUILTIN_TASKS) == sorted(TASKS)
+
+
+def test_deprecated_flag_counts_as_the_users_value(tmp_path):
+    """`--max_new_tokens 8` (the old name) wins over the tiny run's default `max_completion_length` (16)."""
+    from trl_marl.scripts import parse_recipe_args
+
+    with pytest.warns(FutureWarning, match="max_new_tokens"):
+        _, config = parse_recipe_args(
+            RECIPES["magrpo"].config_class(), argv=["--output_dir", str(tmp_path), "--max_new_tokens", "8"]
+        )
+    assert config.max_completion_length == 8 and config.max_new_tokens == 8

@@ -149,6 +149,8 @@ def parse_recipe_args(
         merged = {**TINY_DEFAULTS, **(tiny_defaults or {}), **merged}
     known = {f.name for f in fields(config_cls)}
     explicit = explicit_flags(argv)
+    # a value given under a deprecated alias (`--max_new_tokens`) is the user's value of the primary name
+    explicit |= {new for old, new in getattr(config_cls, "_deprecated_aliases", {}).items() if old in explicit}
     overrides = {k: v for k, v in merged.items() if k not in explicit and k in known}
     if config.num_turns > 1 and _field_default(config_cls, "num_generations") == 1:
         overrides.pop("num_generations", None)
