@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trl_marl.cli import main as cli_main
-from trl_marl.cli.accelerate import available_configs, resolve_accelerate_config
+from trl_marl.cli.launching import available_configs, resolve_accelerate_config
 from trl_marl.cli.recipes import RECIPES, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def test_env_prints_versions(capsys):
 
 def test_accelerate_config_relaunches_through_accelerate(monkeypatch):
     """`--accelerate_config NAME` and accelerate's own flags go to `accelerate launch`; the rest to the script."""
-    import trl_marl.cli.accelerate as acc
+    import trl_marl.cli.launching as acc
 
     seen = {}
     monkeypatch.setattr(acc, "launch", lambda command, launch_args, script_args: seen.update(locals()))

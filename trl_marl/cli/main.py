@@ -54,7 +54,7 @@ def _subtract_subsequence(items: list[str], sub: list[str]) -> list[str]:
 
 def _epilog() -> str:
     from ..scripts import BUILTIN_TASKS
-    from .accelerate import available_configs
+    from .launching import available_configs
 
     return (
         f"built-in tasks (--task): {', '.join(BUILTIN_TASKS)}\n"
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         run_command(command, rest)
         return 0
 
-    from .accelerate import launch, resolve_accelerate_config
+    from .launching import launch, resolve_accelerate_config
 
     if accelerate_config is not None:
         launch_args = ["--config_file", resolve_accelerate_config(accelerate_config), *launch_args]

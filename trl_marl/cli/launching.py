@@ -41,10 +41,10 @@ def resolve_accelerate_config(value: str) -> str:
 
 
 def launch(command: str, launch_args: list[str], script_args: list[str]) -> None:
-    """Run `accelerate launch <launch_args> trl_marl/cli/launch.py <command> <script_args>` (accelerate's own parser
-    and launcher, as TRL's CLI does)."""
+    """Run `accelerate launch <launch_args> -m trl_marl.cli.launch <command> <script_args>` (accelerate's own parser
+    and launcher, as TRL's CLI does). Each rank runs the launcher as a module (`-m`): as a script, its folder would
+    come first on `sys.path`."""
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    script = resources.files("trl_marl.cli").joinpath("launch.py")
-    args = launch_command_parser().parse_args([*launch_args, str(script), command, *script_args])
+    args = launch_command_parser().parse_args([*launch_args, "--module", "trl_marl.cli.launch", command, *script_args])
     launch_command(args)
