@@ -303,3 +303,36 @@ def test_deprecated_flag_counts_as_the_users_value(tmp_path):
             RECIPES["magrpo"].config_class(), argv=["--output_dir", str(tmp_path), "--max_new_tokens", "8"]
         )
     assert config.max_completion_length == 8 and config.max_new_tokens == 8
+
+
+def test_resume_and_push_flags_reach_the_trainer(tmp_path, tiny_path):
+    """`--resume_from_checkpoint` goes to `train()`, `--push_to_hub` pushes without sending a task name as a Hub
+    dataset, and TRL's names reach the trainer (`model=`, `reward_funcs=`, `peft_config=`)."""
+    from types import SimpleNamespace as NS
+
+    from trl_marl.scripts import parse_recipe_args, run_recipe
+
+    class FakeTrainer:
+        def __init__(self, **kwargs):
+            self.kwargs, self.accelerator = kwargs, NS(is_main_process=True, num_processes=1)
+
+        def evaluate_reward(self):
+            return {"eval_reward": 0.25}
+
+        def train(self, resume_from_checkpoint=None):
+            self.resumed = resume_from_checkpoint
+            return NS(metrics={"eval_reward": 0.75})
+
+        def save_model(self, output_dir):
+            self.saved = output_dir
+
+        def push_to_hub(self, dataset_name=None):
+            self.pushed = ("pushed", dataset_name)
+
+    argv = ["--output_dir", str(tmp_path), "--model_name_or_path", tiny_path, "--resume_from_checkpoint",
+            str(tmp_path / "checkpoint-2"), "--push_to_hub", "true", "--hub_model_id", "me/team"]  # fmt: skip
+    recipe_args, config = parse_recipe_args(RECIPES["magrpo"].config_class(), argv=argv)
+    t = run_recipe(FakeTrainer, recipe_args, config)
+    assert t.resumed == str(tmp_path / "checkpoint-2") and t.pushed == ("pushed", None)
+    assert t.before_reward is None and t.after_reward == 0.75  # no "before" on a resumed run; train()'s final eval
+    assert t.kwargs["model"] == tiny_path and t.kwargs["peft_config"] is None and callable(t.kwargs["reward_funcs"])
