@@ -236,6 +236,30 @@ def test_wheel_installs_and_trl_marl_madpo_runs_from_an_empty_directory(tmp_path
     assert "trl_marl/accelerate_configs/multi_cpu.yaml" in listing and "trl_marl/cli/launch.py" in listing
 
 
+def test_sdist_holds_what_its_tests_need(tmp_path):
+    """The sdist ships the tests, so it ships what they read: recipes, accelerate configs, docs, mkdocs.yml."""
+    import shutil
+    import tarfile
+
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", "*.egg-info", "outputs", "__pycache__", ".venv*", ".ci-venv*", "site", "dist", "build"
+        ),
+    )
+    code = "from setuptools import build_meta; print(build_meta.build_sdist('dist'))"
+    name = subprocess.run(
+        [sys.executable, "-c", code], cwd=src, capture_output=True, text=True, check=True, timeout=300
+    ).stdout.split()[-1]
+    with tarfile.open(src / "dist" / name) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    for needed in ["recipes/madpo.py", "accelerate_configs/multi_cpu.yaml", "docs/cli.md", "mkdocs.yml",
+                   "tests/conftest.py", "tests/scripts/dist_run.py", "trl_marl/accelerate_configs/zero2.yaml"]:  # fmt: skip
+        assert needed in names, needed
+
+
 @pytest.mark.parametrize("task", ["coordination", "length_ratio", "writing"])
 def test_builtin_tasks_fit_every_recipe_default(tmp_path, task):
     """No recipe's default run skips items of a built-in task ("not a multiple of one rollout batch")."""
