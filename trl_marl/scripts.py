@@ -214,6 +214,8 @@ def load_recipe_dataset(recipe_args: RecipeArguments) -> tuple[Any, Any]:
     from datasets import DatasetDict, load_dataset, load_from_disk
 
     name = recipe_args.dataset_name
+    if recipe_args.dataset_streaming:
+        raise ValueError("dataset_streaming is not supported: the trainers draw task items by index (a map dataset)")
     if os.path.isdir(name) and (
         os.path.exists(os.path.join(name, "dataset_dict.json")) or os.path.exists(os.path.join(name, "state.json"))
     ):
