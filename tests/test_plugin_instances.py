@@ -122,3 +122,8 @@ def test_bad_plugin_objects_and_options_fail_early(tmp_path, tiny_path, register
     with pytest.raises(ValueError, match="comparator_kwargs configures a comparator built by name"):
         MADPOIterTrainer(model=tiny_path, reward_funcs=vowels, args=args(tmp_path, comparator_kwargs={"text": "a"}),
                          train_dataset=ITEMS, comparator=EchoComparator())  # fmt: skip
+
+
+def test_iterative_trainer_takes_trls_positional_order(tmp_path, tiny_path):
+    t = MADPOIterTrainer(tiny_path, vowels, args(tmp_path, num_rounds=2), ITEMS)
+    assert t.args.num_rounds == 2 and t.reward.func is vowels and t.train_dataset is ITEMS

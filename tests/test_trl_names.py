@@ -265,3 +265,22 @@ def test_madpo_final_evaluation_is_printed_and_returned_with_progress_bars(tmp_p
     captured = capsys.readouterr()
     assert f"final evaluation: eval_reward={out.metrics['eval_reward']:.4f}" in captured.out
     assert "Collecting preference pairs" in captured.err and "Evaluating" in captured.err
+
+
+def test_marlhf_positional_order_builds_the_actor_critic_variant(tmp_path, tiny_path):
+    from trl_marl import MARLHFConfig, MARLHFTrainer
+
+    args = MARLHFConfig(output_dir=str(tmp_path), rl_algorithm="maac", report_to="none", rollout_buffer_size=2)
+    t = MARLHFTrainer(tiny_path, count_a, args, ITEMS, critic_model=tiny_path)
+    assert type(t).__name__ == "MARLHFMAACTrainer" and t.reward.func is count_a
+
+
+def test_signatures_show_trls_names():
+    import inspect
+
+    from trl_marl import MADPOIterTrainer
+
+    for cls in (MAGRPOTrainer, MADPOIterTrainer):
+        names = list(inspect.signature(cls.__init__).parameters)
+        assert names[1:7] == ["model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class"]
+        assert "agent_model" not in names and "reward_func" not in names

@@ -311,8 +311,9 @@ class MultiAgentTrainer(_BaseTrainer):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "__init__" in cls.__dict__:  # TRL's names and positional order on every trainer (see names.py)
-            cls.__init__ = accept_trl_names(cls.__dict__["__init__"])
+        # TRL's names and positional order on every trainer (see names.py), mixins' __init__ included
+        if not getattr(cls.__init__, "_accepts_trl_names", False):
+            cls.__init__ = accept_trl_names(cls.__init__)
 
     def _render(self, i: int, formatted) -> PromptText:
         text = render_prompt(formatted, self.tokenizers[i])

@@ -15,6 +15,7 @@ calling `super().__init__(agent_model=...)` internally is not the user's doing a
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import warnings
 from typing import Any
@@ -131,4 +132,22 @@ def accept_trl_names(init):
             raise
 
     wrapper._accepts_trl_names = True
+    wrapper.__signature__ = _trl_signature(init)
     return wrapper
+
+
+def _trl_signature(init) -> inspect.Signature:
+    """The signature users see (`help()`, the API docs): TRL's positional order first, the deprecated names left
+    out, every other argument keyword-only."""
+    sig = inspect.signature(init)
+    params = list(sig.parameters.values())
+    kinds = inspect.Parameter
+    front = [params[0]] + [kinds(name, kinds.POSITIONAL_OR_KEYWORD, default=None) for name in TRL_POSITIONAL]
+    skip = set(TRL_POSITIONAL) | set(DEPRECATED_KWARGS)
+    keyword = [
+        p.replace(kind=kinds.KEYWORD_ONLY)
+        for p in params[1:]
+        if p.name not in skip and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+    ]
+    var_kw = [p for p in params if p.kind == kinds.VAR_KEYWORD]
+    return sig.replace(parameters=front + keyword + var_kw)
