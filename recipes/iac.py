@@ -4,24 +4,18 @@
     accelerate launch recipes/iac.py --use_separate_critic false --value_clip_range 0.2    # value heads on the actors
     accelerate launch recipes/iac.py --critic_type q --max_steps 200
     accelerate launch recipes/iac.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --learning_rate 5e-6 \
-        --max_new_tokens 128 --bf16 true --output_dir outputs/iac-qwen
+        --max_completion_length 128 --bf16 true --output_dir outputs/iac-qwen
 
 Every field of `IACConfig` (and of `transformers.TrainingArguments`) is a flag. With separate critics, each agent's
 critic is `--critic_model_name_or_path` loaded once per agent (independent parameters), or by default a separately
 loaded copy of the agent's own model.
 """
 
-from trl_marl import IACConfig, IACTrainer
-from trl_marl.scripts import CriticRecipeArguments, parse_recipe_args, run_recipe
+from trl_marl.cli.recipes import run_command
 
 
 def main(argv=None):
-    script_args, config = parse_recipe_args(
-        IACConfig, defaults={"output_dir": "outputs/iac"}, argv=argv, script_args_cls=CriticRecipeArguments
-    )
-    critic = script_args.critic_model_name_or_path if config.use_separate_critic else None
-    extra = (lambda task: {"critic_model": critic}) if critic else None
-    return run_recipe(IACTrainer, script_args, config, extra_trainer_kwargs=extra)
+    return run_command("iac", argv)
 
 
 if __name__ == "__main__":

@@ -5,23 +5,18 @@
     accelerate launch recipes/mappo.py --ratio_level sequence --ppo_epochs 2 --popart true
     accelerate launch recipes/mappo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
         --critic_model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --learning_rate 1e-6 --critic_learning_rate 1e-5 \
-        --max_new_tokens 128 --bf16 true --output_dir outputs/mappo-qwen
+        --max_completion_length 128 --bf16 true --output_dir outputs/mappo-qwen
 
 Every field of `MAPPOConfig` (and of `transformers.TrainingArguments`) is a flag. The critic(s) default to the
 agents' model (the tiny local model when no model is given); with `--shared_critic false` it is loaded once per
 agent (independent critics).
 """
 
-from trl_marl import MAPPOConfig, MAPPOTrainer
-from trl_marl.scripts import CriticRecipeArguments, critic_source, parse_recipe_args, run_recipe
+from trl_marl.cli.recipes import run_command
 
 
 def main(argv=None):
-    script_args, config = parse_recipe_args(
-        MAPPOConfig, defaults={"output_dir": "outputs/mappo"}, argv=argv, script_args_cls=CriticRecipeArguments
-    )
-    critic = critic_source(script_args)
-    return run_recipe(MAPPOTrainer, script_args, config, extra_trainer_kwargs=lambda task: {"critic_model": critic})
+    return run_command("mappo", argv)
 
 
 if __name__ == "__main__":

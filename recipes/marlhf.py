@@ -9,25 +9,11 @@
 Every field of `MARLHFConfig` is a flag. Evaluation (before / after) always uses the TASK reward.
 """
 
-from trl_marl import MARLHFConfig, MARLHFTrainer
-from trl_marl.scripts import parse_recipe_args, run_recipe
-
-MARLHF_TINY_DEFAULTS = {
-    "preference_num_candidates": 8,
-    "pair_selection": "all",
-    "preference_pairs_per_sample": None,
-    "reward_learning_rate": 1e-3,
-    "reward_num_train_epochs": 2,
-    "reward_max_length": 40,
-    "rollout_buffer_size": 8,
-}
+from trl_marl.cli.recipes import run_command
 
 
 def main(argv=None):
-    script_args, config = parse_recipe_args(
-        MARLHFConfig, defaults={"output_dir": "outputs/marlhf"}, argv=argv, tiny_defaults=MARLHF_TINY_DEFAULTS
-    )
-    return run_recipe(MARLHFTrainer, script_args, config)
+    return run_command("marlhf", argv)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def test_round_file_is_written_atomically(tmp_path):
         ({"preference_replay_mode": "fifo"}, "Unknown replay mode 'fifo'"),
         ({"preference_replay_sample_size": 8}, "preference_replay_sample_size"),
         ({"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5}, "preference_replay_lambda"),
-        ({"num_iterations": 0}, "num_iterations must be >= 1"),
+        ({"num_iterations": 0}, "num_rounds must be >= 1"),
         ({"comparator_history_k": 2}, "comparator_history_k only applies"),
         ({"num_turns": 2}, "needs num_turns=1"),
     ],

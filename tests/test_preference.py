@@ -143,7 +143,7 @@ def test_madpo_no_pair_ends_without_update(make_args, items, tiny_path):
         ({"pair_selection": "all"}, "set preference_pairs_per_sample=None"),
         ({"pair_selection": "best"}, "pair_selection must be one of"),
         ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2"),
-        ({"dpo_beta": 0.0}, "dpo_beta must be > 0"),
+        ({"dpo_beta": 0.0}, "beta must be > 0"),
         ({"beta": -1.0}, "beta must be > 0"),
         ({"loss_type": ["sigmoid", "aot"]}, "loss_type must be one or more of"),
         ({"loss_type": ["sigmoid", "hinge"], "loss_weights": [1.0]}, "loss_weights needs one weight"),
@@ -170,7 +170,7 @@ def test_madpo_learns(task_trainer):
     t.train()
     after = t.state.log_history[-1]["eval_reward"]  # the post-update evaluation train() logs
     assert after > before + 0.05, (before, after)
-    assert any("rewards/accuracies" in h for h in t.state.log_history)
+    assert any("rewards/accuracies" in h and "rewards/margins" in h for h in t.state.log_history)
 
 
 # ---------------------------------------------------------------- centralized

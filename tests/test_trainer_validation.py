@@ -93,7 +93,7 @@ def test_agent_model_object_with_several_agents(make_args, items):
 
 
 def test_neither_agent_model_nor_agents(make_args, items):
-    with pytest.raises(ValueError, match="pass agent_model .* or agents"):
+    with pytest.raises(ValueError, match="pass model= .* agent_model=, agents="):
         build(make_args, items, agent_model=None)
 
 
@@ -117,7 +117,7 @@ def test_reward_with_wrong_signature(make_args, items):
 
 
 def test_missing_reward(make_args, items):
-    with pytest.raises(ValueError, match="reward_func is required"):
+    with pytest.raises(ValueError, match="reward_funcs is required"):
         build(make_args, items, reward_func=None)
 
 

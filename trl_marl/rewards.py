@@ -1,18 +1,32 @@
-"""The reward-function calling convention, reward processors, and validation of what rewards return.
+"""The reward-function calling conventions, TRL's reward functions on a team, reward processors, and validation of
+what rewards return.
 
-A reward function scores JOINT actions, all of a rollout step's joint actions in ONE call. Its signature decides how
-it is called (the convention users of the reference library expect), with n the number of agents:
+A reward function scores JOINT actions, all of a rollout step's joint actions in ONE call. n is the number of
+agents, J the number of joint actions.
+
+**Keyword convention (TRL's, recommended).** A function that takes `agent_completions`, or is marked with
+`@team_reward`, is called with keywords, as TRL calls its reward functions:
+
+    f(prompts=[...J], completions=[[...J] per agent], agent_completions=[[...n] per joint action],
+      batch_items=[row per joint action], **dataset_columns)  ->  list of J floats
+
+`completions[i][j]` is agent i's completion in joint action j; `agent_completions[j]` is joint action j's
+completion of each agent; every dataset column `c` is passed as `c=[value per joint action]` (TRL's convention).
+Only the keywords the function accepts are passed (all of them with `**kwargs`).
+
+**Positional convention (the reference library's), kept where it is unambiguous:**
 
 | signature | call |
 |---|---|
 | n positional parameters (or `*args`) | `f(completions_agent_1, ..., completions_agent_n)` |
 | n + 1 positional parameters | `f(prompts, completions_agent_1, ..., completions_agent_n)` |
-| 1 positional parameter (n > 1) | `f([completions_agent_1, ..., completions_agent_n])` |
+| 1 positional parameter (n > 1) | `f([completions_agent_1, ..., completions_agent_n])` (= `completions` above) |
 
-Each `completions_agent_i` is a list of strings with one element per joint action. `prompts` holds the task prompt
-of each joint action (the item's `"prompt"` field, or agent 1's prompt when the item has none). Keyword arguments
-`batch_items=` (the dataset row of each joint action) and `prompts=` are passed when the function accepts them (by
-name or through `**kwargs`).
+with `batch_items=` and `prompts=` passed by keyword when accepted. A signature that could mean two things is
+refused with the accepted forms: a TRL-style `f(completions, solution, **kwargs)` on a team of 2 would otherwise
+get agent 2's completions as `solution`. TRL's per-completion reward functions (`trl.rewards.*`,
+`f(completions, **columns)`) are lifted to the team with `lift(func)` (each agent's completions, combined) or
+`lift(func, agent=i)` (one agent's).
 
 It returns one float per joint action (the shared team reward) or, where a trainer supports it, one list of n floats
 per joint action (per-agent rewards). NaN, inf or a wrong length is an error naming the function and the index.
@@ -27,7 +41,63 @@ from typing import Any
 
 import torch
 
-__all__ = ["RewardFunction", "scale", "shift", "clip", "compose", "RewardProcessors"]
+__all__ = [
+    "RewardFunction",
+    "team_reward",
+    "is_team_reward",
+    "lift",
+    "weighted_sum",
+    "scale",
+    "shift",
+    "clip",
+    "compose",
+    "RewardProcessors",
+]
+
+# the keywords of the keyword convention (besides the dataset columns)
+KEYWORD_ARGS = ("prompts", "completions", "agent_completions", "batch_items")
+_TEAM_MARK = "_trl_marl_team_reward"
+
+
+def _accepted_forms(n: int) -> str:
+    forms = [
+        "f(*, prompts, completions, agent_completions, **dataset_columns) - TRL's keyword convention: take "
+        "agent_completions or mark the function with @trl_marl.rewards.team_reward",
+        f"f(completions_agent_1, ..., completions_agent_{n}) - one positional list per agent",
+        f"f(prompts, completions_agent_1, ..., completions_agent_{n})",
+    ]
+    if n > 1:
+        forms.append("f(completions) - one positional parameter: the list of the per-agent lists")
+    forms.append(
+        "a TRL per-completion reward f(completions, **columns) (e.g. trl.rewards.*) lifted to the team: "
+        "trl_marl.rewards.lift(f) (each agent's completions, averaged) or lift(f, agent=i)"
+    )
+    return "accepted forms:" + "".join(f"\n  - {form}" for form in forms)
+
+
+def team_reward(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark `func` as a team reward in the keyword convention (`completions` = one list per agent)."""
+    setattr(func, _TEAM_MARK, True)
+    return func
+
+
+def _is_trl_per_completion(func: Callable) -> bool:
+    module = getattr(func, "__module__", "") or ""
+    return module == "trl.rewards" or module.startswith("trl.rewards.")
+
+
+def is_team_reward(func: Callable[..., Any], num_agents: int) -> bool:
+    """Whether `func` is a team reward in one of trl_marl's conventions (True) or a per-completion reward to `lift`
+    (False: TRL's functions, and TRL-style `f(completions, **columns)` signatures)."""
+    if getattr(func, _TEAM_MARK, False):
+        return True
+    if _is_trl_per_completion(func):
+        return False
+    try:
+        RewardFunction(func, num_agents)
+    except TypeError:
+        return False
+    return True
 
 
 def _name(func: Callable) -> str:
@@ -38,10 +108,15 @@ class RewardFunction:
     """Wraps a user reward function: resolves its signature once, calls it batched, validates what it returns.
 
     Args:
-        func: the user's reward function.
+        func: the user's reward function, or a `weighted_sum` of several.
         num_agents: team size n.
         processor: optional `float -> float` applied to every reward (see `scale`, `shift`, `compose`).
         allow_per_agent: accept one list of n floats per joint action (actor-critic trainers).
+        column_names: the dataset's columns, when known: a positional parameter named like a column is refused
+            (it would receive an agent's completions), and a required keyword must be a column.
+
+    After each call, `last_components` maps each component's name to its raw rewards (one entry for a single
+    function; one per function of a `weighted_sum`), for the `rewards/<name>/mean` metrics.
     """
 
     def __init__(
@@ -50,9 +125,10 @@ class RewardFunction:
         num_agents: int,
         processor: Callable[[float], float] | None = None,
         allow_per_agent: bool = False,
+        column_names: Sequence[str] | None = None,
     ):
         if not callable(func):
-            raise TypeError(f"reward_func must be callable, got {type(func).__name__}")
+            raise TypeError(f"reward_funcs must be callable, got {type(func).__name__}")
         if processor is not None and not callable(processor):
             raise TypeError(f"reward_processor must be callable (float -> float), got {type(processor).__name__}")
         self.func = func
@@ -60,7 +136,22 @@ class RewardFunction:
         self.num_agents = num_agents
         self.processor = processor
         self.allow_per_agent = allow_per_agent
+        self.column_names = None if column_names is None else list(column_names)
+        self.last_components: dict[str, torch.Tensor] = {}
+        self._component_sums: dict[str, list[float]] = {}  # name -> [sum, count] since the last drain
+        self._parts: list[tuple[str, float, RewardFunction]] | None = None
+        if isinstance(func, WeightedReward):
+            names = _unique_names([_name(f) for f in func.funcs])
+            self._parts = [
+                (nm, w, RewardFunction(f, num_agents, None, allow_per_agent, column_names))
+                for nm, w, f in zip(names, func.weights, func.funcs)
+            ]
+            self._mode, self._pass_batch_items, self._pass_prompts = "weighted", False, False
+            return
         self._mode, self._pass_batch_items, self._pass_prompts = self._resolve_signature()
+
+    def _refuse(self, why: str) -> TypeError:
+        return TypeError(f"reward function {self.name!r}: {why}.\n{_accepted_forms(self.num_agents)}")
 
     def _resolve_signature(self) -> tuple[str, bool, bool]:
         n = self.num_agents
@@ -69,6 +160,18 @@ class RewardFunction:
         except (TypeError, ValueError):  # builtins, some C callables: assume the plain form
             return "per_agent_args", False, False
         params = list(sig.parameters.values())
+        names = {p.name for p in params}
+        has_varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+        has_varkw = any(p.kind == p.VAR_KEYWORD for p in params)
+        if getattr(self.func, _TEAM_MARK, False) or "agent_completions" in names:
+            self._keyword_params = params
+            self._check_keyword_requirements(params)
+            return "keywords", False, False
+        if _is_trl_per_completion(self.func):
+            raise self._refuse(
+                "is one of TRL's per-completion rewards (one completion per call site, not a team); lift it to the "
+                "team with trl_marl.rewards.lift(f)"
+            )
         positional = [
             p
             for p in params
@@ -76,11 +179,25 @@ class RewardFunction:
             and p.name != "batch_items"
             and p.default is p.empty
         ]
-        has_varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
-        has_varkw = any(p.kind == p.VAR_KEYWORD for p in params)
-        names = {p.name for p in params}
-        pass_batch_items = "batch_items" in names or has_varkw
         k = len(positional)
+        named = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if (
+            n > 1
+            and "completions" in named
+            and not (k == 1 and positional[0].name == "completions" and not has_varkw and not has_varargs)
+        ):
+            raise self._refuse(
+                f"takes a parameter named 'completions' in a TRL-style signature {sig}; with num_agents={n} it is "
+                "ambiguous (per-completion or per-team?)"
+            )
+        columns = set(self.column_names or ())
+        clash = [p.name for p in positional if p.name in columns or p.name in ("agent_completions",)]
+        if clash:
+            raise self._refuse(
+                f"positional parameter(s) {clash} are named like dataset columns but the positional convention "
+                "would fill them with completions"
+            )
+        pass_batch_items = "batch_items" in names or has_varkw
         if has_varargs and k == 0 or k == n:
             mode = "per_agent_args"
         elif k == n + 1:
@@ -88,15 +205,54 @@ class RewardFunction:
         elif k == 1 and n > 1:
             mode = "nested_list"
         else:
-            forms = [f"{n} (one list of completions per agent)", f"{n + 1} (prompts, then one list per agent)"]
-            if n > 1:
-                forms.append("1 (a list of the per-agent lists)")
-            raise TypeError(
-                f"reward function {self.name!r} takes {k} required positional argument(s); with num_agents={n} it "
-                f"must take {' or '.join(forms)}. Keyword arguments batch_items= and prompts= are passed when accepted."
-            )
+            raise self._refuse(f"takes {k} required positional argument(s), which fits no form for num_agents={n}")
         pass_prompts = mode != "prompts_then_agents" and ("prompts" in names or has_varkw)
         return mode, pass_batch_items, pass_prompts
+
+    def _check_keyword_requirements(self, params: list) -> None:
+        if self.column_names is None:
+            return
+        known = set(KEYWORD_ARGS) | set(self.column_names)
+        missing = [
+            p.name
+            for p in params
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty and p.name not in known
+        ]
+        if missing:
+            raise self._refuse(
+                f"requires {missing}, which is neither a keyword of the convention {list(KEYWORD_ARGS)} nor a dataset "
+                f"column {sorted(self.column_names)}"
+            )
+
+    def _call_keywords(self, lists: list[list], prompts: list, batch_items: Sequence[dict] | None) -> Any:
+        rows = list(batch_items) if batch_items is not None else []
+        available: dict[str, Any] = {}
+        if rows and isinstance(rows[0], dict):
+            for key in rows[0]:
+                if key not in KEYWORD_ARGS:
+                    available[key] = [row.get(key) for row in rows]
+        available.update(
+            prompts=prompts,
+            completions=lists,
+            agent_completions=[list(joint) for joint in zip(*lists)],
+            batch_items=rows,
+        )
+        params = self._keyword_params
+        if any(p.kind == p.VAR_KEYWORD for p in params):
+            kwargs = available
+        else:
+            accepted = {p.name for p in params if p.kind != p.VAR_POSITIONAL}
+            kwargs = {k: v for k, v in available.items() if k in accepted}
+        missing = [
+            p.name
+            for p in params
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty and p.name not in kwargs
+        ]
+        if missing:
+            raise self._refuse(
+                f"requires {missing}, which this batch does not provide (keywords: {sorted(available)})"
+            )
+        return self.func(**kwargs)
 
     def raw(
         self,
@@ -113,18 +269,46 @@ class RewardFunction:
         num_joint = len(completions_per_agent[0])
         lists = [list(c) for c in completions_per_agent]
         prompts = list(prompts) if prompts is not None else [""] * num_joint
+        if self._mode == "weighted":
+            total = None
+            self.last_components = {}
+            for name, weight, part in self._parts:
+                values = part.raw(lists, prompts, batch_items)
+                self.last_components[name] = values
+                total = weight * values if total is None else total + weight * values
+                if total.shape != values.shape:
+                    raise ValueError(f"reward function {name!r} returned a different shape than the others")
+            self._accumulate()
+            return total
         kwargs: dict[str, Any] = {}
         if self._pass_batch_items and batch_items is not None:
             kwargs["batch_items"] = list(batch_items)
         if self._pass_prompts:
             kwargs["prompts"] = prompts
-        if self._mode == "per_agent_args":
+        if self._mode == "keywords":
+            out = self._call_keywords(lists, prompts, batch_items)
+        elif self._mode == "per_agent_args":
             out = self.func(*lists, **kwargs)
         elif self._mode == "prompts_then_agents":
             out = self.func(prompts, *lists, **kwargs)
         else:
             out = self.func(lists, **kwargs)
-        return self._validate(out, num_joint)
+        values = self._validate(out, num_joint)
+        self.last_components = {self.name: values}
+        self._accumulate()
+        return values
+
+    def _accumulate(self) -> None:
+        for name, values in self.last_components.items():
+            acc = self._component_sums.setdefault(name, [0.0, 0.0])
+            acc[0] += float(values.float().sum())
+            acc[1] += values.numel()
+
+    def drain_component_means(self) -> dict[str, float]:
+        """Each component's mean raw reward since the last drain (TRL's `rewards/<name>/mean`); resets the sums."""
+        out = {name: total / count for name, (total, count) in self._component_sums.items() if count}
+        self._component_sums = {}
+        return out
 
     def __call__(
         self,
@@ -207,6 +391,108 @@ class RewardFunction:
                 "are never replaced silently)"
             )
         return v
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for nm in names:
+        seen[nm] = seen.get(nm, 0) + 1
+        out.append(nm if seen[nm] == 1 else f"{nm}_{seen[nm]}")
+    return out
+
+
+class WeightedReward:
+    """Several reward functions summed with weights (`weighted_sum`); each may use any convention."""
+
+    def __init__(self, funcs: Sequence[Callable[..., Any]], weights: Sequence[float] | None = None):
+        funcs = list(funcs)
+        if not funcs:
+            raise ValueError("reward_funcs is an empty list")
+        for f in funcs:
+            if not callable(f):
+                raise TypeError(f"every reward function must be callable, got {type(f).__name__}")
+        if weights is None:
+            weights = [1.0] * len(funcs)
+        if len(weights) != len(funcs):
+            raise ValueError(f"reward_weights has {len(weights)} entries for {len(funcs)} reward functions")
+        self.funcs, self.weights = funcs, [float(w) for w in weights]
+        self.__qualname__ = "weighted_sum(" + ", ".join(_name(f) for f in funcs) + ")"
+
+    def __call__(self, *args, **kwargs):  # called through RewardFunction, which calls each part itself
+        raise TypeError("a weighted_sum is evaluated by trl_marl.rewards.RewardFunction")
+
+
+def weighted_sum(funcs: Sequence[Callable[..., Any]], weights: Sequence[float] | None = None) -> WeightedReward:
+    """The team reward `sum_k w_k f_k` (TRL's `reward_funcs` + `reward_weights`); each `f_k` is logged as
+    `rewards/<name>/mean`."""
+    return WeightedReward(funcs, weights)
+
+
+_COMBINE = {
+    "mean": lambda values: sum(values) / len(values),
+    "sum": sum,
+    "min": min,
+    "max": max,
+}
+
+
+def lift(
+    func: Callable[..., Any],
+    agent: int | None = None,
+    combine: str | Callable[[list[float]], float] = "mean",
+    conversational: bool | None = None,
+) -> Callable[..., list[float]]:
+    """Lift a per-completion reward (TRL's `f(completions, **dataset_columns) -> list[float]`, e.g. `trl.rewards.*`)
+    to a team reward.
+
+    Args:
+        func: the per-completion reward.
+        agent: score only this agent's completions (0-based); `None`: score every agent's and `combine` them.
+        combine: `"mean"`, `"sum"`, `"min"`, `"max"` or a callable on the agents' rewards of one joint action.
+        conversational: pass each completion as TRL's conversational form `[{"role": "assistant", "content": text}]`
+            (what `trl.rewards` expects); `None`: only for functions from `trl.rewards`.
+
+    The lifted function follows the keyword convention: it gets `prompts` and the dataset columns and passes them on.
+    """
+    if combine not in _COMBINE and not callable(combine):
+        raise ValueError(f"combine must be one of {list(_COMBINE)} or a callable, got {combine!r}")
+    if agent is not None and agent < 0:
+        raise ValueError(f"agent must be >= 0, got {agent}")
+    reduce = _COMBINE[combine] if isinstance(combine, str) else combine
+    chat = _is_trl_per_completion(func) if conversational is None else conversational
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    varkw = not params or any(p.kind == p.VAR_KEYWORD for p in params)
+    accepted = {p.name for p in params}
+    if params and "completions" not in accepted and not any(p.kind == p.VAR_POSITIONAL for p in params):
+        raise TypeError(
+            f"lift: {_name(func)!r} has no 'completions' parameter; TRL's form is f(completions, **kwargs)"
+        )
+
+    def lifted(*, prompts, completions, **columns):
+        n = len(completions)
+        if agent is not None and agent >= n:
+            raise ValueError(f"lift(agent={agent}) but the team has {n} agents")
+        scored = []
+        for i in range(n) if agent is None else [agent]:
+            comps = [[{"role": "assistant", "content": c}] for c in completions[i]] if chat else list(completions[i])
+            kwargs = {"prompts": prompts, **{k: v for k, v in columns.items() if k not in ("agent_completions",)}}
+            if not varkw:
+                kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+            out = func(completions=comps, **kwargs)
+            out = out.tolist() if hasattr(out, "tolist") else list(out)
+            if len(out) != len(comps):
+                raise ValueError(f"{_name(func)!r} returned {len(out)} rewards for {len(comps)} completions")
+            scored.append([float("nan") if v is None else float(v) for v in out])
+        return [float(reduce(list(values))) for values in zip(*scored)]
+
+    lifted.__name__ = lifted.__qualname__ = _name(func) if agent is None else f"{_name(func)}/agent_{agent}"
+    setattr(lifted, _TEAM_MARK, True)
+    lifted.lifted_from = func
+    return lifted
 
 
 def scale(factor: float) -> Callable[[float], float]:

@@ -376,7 +376,12 @@ class APIComparator:
 
     def generate(self, items, prompts_per_agent, num_candidates, trainer):
         a = trainer.args
-        gen = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k}
+        gen = {
+            "max_new_tokens": a.max_completion_length,
+            "temperature": a.temperature,
+            "top_p": a.top_p,
+            "top_k": a.top_k,
+        }
         B, n = len(items), len(prompts_per_agent)
         if not self.centralized:
             prompts = [str(prompts_per_agent[i][b]) for i in range(n) for b in range(B)]

@@ -374,16 +374,17 @@ class LambdaDecayReplay(_HistoricalReplay):
 
 
 def make_replay_mode(
-    name: str, *, k: int | None = None, lam: float | None = None, sample_size: int | None = None
+    name: str, *, k: int | None = None, lam: float | None = None, sample_size: int | None = None, **options: Any
 ) -> ReplayMode:
     """Load the replay mode registered as `name` (entry-point group `trl_marl.replay_modes`) and construct it with
-    the config values `k`, `lam`, `sample_size` (`preference_replay_k`, `_lambda`, `_sample_size`).
+    the config values `k`, `lam`, `sample_size` (`preference_replay_k`, `_lambda`, `_sample_size`) and the plugin's
+    own `options` (`replay_kwargs`).
 
     Raises the registry's errors for unknown or broken plugins, the mode's own `ValueError` for invalid options, and
     `TypeError` when the registered object does not build something with a `select` method.
     """
     factory = load_plugin(REPLAY_GROUP, name)
-    mode = factory(k=k, lam=lam, sample_size=sample_size)
+    mode = factory(k=k, lam=lam, sample_size=sample_size, **options)
     if not callable(getattr(mode, "select", None)):
         raise TypeError(
             f"The replay mode {name!r} ({factory!r}) built {type(mode).__name__!r}, which has no select(rounds, rng) "

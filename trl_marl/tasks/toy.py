@@ -96,6 +96,9 @@ TOPICS = [
     "an open window",
     "a winding road",
     "a sleeping town",
+    # 80 topics: 64 train items (every recipe's rollout_buffer_size divides them: no skipped items) + 16 eval
+    "a painted door",
+    "the last train home",
 ]
 
 

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -42,8 +43,8 @@ from ..checkpoint import (
     resolve_resume_checkpoint,
     save_checkpoint_atomically,
 )
-from ..fsdp import enable_fsdp_on_cpu, gathered_for_generation, is_fsdp2, shard_module, shard_team
 from ..config_secrets import redacted_args
+from ..fsdp import enable_fsdp_on_cpu, gathered_for_generation, is_fsdp2, shard_module, shard_team
 from ..hub import (
     agent_role,
     clear_saved_team,
@@ -53,6 +54,8 @@ from ..hub import (
     team_metadata,
     write_trainer_cards,
 )
+from ..metrics import log_completions_table, rollout_num_tokens, team_means_of_agent_metrics, team_rollout_metrics
+from ..progress import progress_bar, trainer_shows_progress
 from ..rewards import RewardFunction
 from ..rng import RNGStreams
 from ..rollout import GenerationOutput, JointRollout, Rollout
@@ -71,10 +74,15 @@ from ..team import (
     resolve_formatters,
 )
 from .config import MultiAgentConfig
+from .names import accept_trl_names
 
 __all__ = ["MultiAgentTrainer", "RolloutSampler"]
 
 logger = logging.getLogger(__name__)
+
+# transformers >= 5.24 deprecates `is_gradient_checkpointing`, which transformers.Trainer and TRL 1.16 still read on
+# every model they handle: known harmless, not the user's doing, and printed on every run.
+warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 TEAM_FILE = "team.json"
 
@@ -111,6 +119,15 @@ class RolloutSampler(Sampler[int]):
         return (self.num_items // self.global_batch) * self.global_batch * self.repeat
 
 
+def _column_names(dataset: Any) -> list[str] | None:
+    """The columns of a `datasets.Dataset` or of a list of dict rows (None when unknown)."""
+    names = getattr(dataset, "column_names", None)
+    if names is not None:
+        return list(names)
+    first = dataset[0] if len(dataset) else None
+    return list(first) if isinstance(first, dict) else None
+
+
 def _identity_collate(batch: list) -> list:
     return batch
 
@@ -119,20 +136,24 @@ class MultiAgentTrainer(_BaseTrainer):
     """Base trainer of a team of cooperating LLM agents.
 
     Args:
-        agent_model: one model id / path, loaded `args.num_agents` times as independent copies (homogeneous team).
-            A model object is accepted only when `num_agents == 1`.
-        agents: a list of model ids / paths or model objects, one per agent (heterogeneous teams allowed).
-        reward_func: the joint reward (see `trl_marl.rewards` for the calling convention).
+        model: TRL's name for the team: one model id / path, loaded `args.num_agents` times as independent copies
+            (homogeneous team; a model object only when `num_agents == 1`), or a list with one model id / path /
+            object per agent (heterogeneous teams allowed). Deprecated aliases: `agent_model=` (one), `agents=`
+            (the list).
+        reward_funcs: the joint reward (see `trl_marl.rewards` for the calling conventions), or a list of them
+            summed with `args.reward_weights` (each logged as `rewards/<name>/mean`). Deprecated alias:
+            `reward_func=`.
         args: the trainer's config.
         train_dataset: task items (`datasets.Dataset` or a list of dicts).
         eval_dataset: held-out task items for evaluation with the task reward.
-        tokenizer: one tokenizer for all agents, or one per agent; loaded from the agents' ids when omitted.
+        processing_class: one tokenizer for all agents, or one per agent; loaded from the agents' ids when omitted.
+            Deprecated alias: `tokenizer=`.
         formatters: one callable for all agents, or one per agent, `formatter(item) -> str | chat messages`;
             default: `item["prompt"]`.
         reward_processor: optional `float -> float` applied to every reward (`trl_marl.rewards.scale`, `shift`, ...).
         external_transition: multi-turn transition, required when `num_turns > 1`.
         model_config: loading options for ids: `dtype`, `attn_implementation`, `trust_remote_code`, `revision`,
-            `model_kwargs` (a dict), or a TRL `ModelConfig`.
+            `model_kwargs` (a dict), or a TRL `ModelConfig`; `args.model_init_kwargs` (TRL's) adds to them.
         metrics_callback: `callable(rollout_records) -> dict[str, float]` of domain metrics, called on every
             training rollout and evaluation.
         wandb_config: the reference library's W&B settings (`project`, `entity`, `name`, `tags`, `dir`, `id`,
@@ -184,7 +205,10 @@ class MultiAgentTrainer(_BaseTrainer):
 
         # ---- validation, before any model loads ----
         if agent_model is None and agents is None:
-            raise ValueError("pass agent_model (one id for a homogeneous team) or agents (one model or id per agent)")
+            raise ValueError(
+                "pass model= (one id / path for a homogeneous team, or a list with one model or id per agent; "
+                "deprecated aliases: agent_model=, agents=)"
+            )
         if agent_model is not None and agents is not None:
             raise ValueError("pass either agent_model or agents, not both")
         if agent_model is not None and not isinstance(agent_model, (str, os.PathLike)) and n > 1:
@@ -204,10 +228,16 @@ class MultiAgentTrainer(_BaseTrainer):
                 f"num_turns={args.num_turns} needs an external_transition (it builds each next turn's prompts)"
             )
         if reward_func is None:
-            raise ValueError("reward_func is required: it scores the joint response of the agents")
-        reward = RewardFunction(reward_func, n, reward_processor, allow_per_agent=self.supports_per_agent_rewards)
+            raise ValueError("reward_funcs is required: it scores the joint response of the agents")
         if train_dataset is None or len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: pass a datasets.Dataset (or list of dicts) of task items")
+        reward = RewardFunction(
+            reward_func,
+            n,
+            reward_processor,
+            allow_per_agent=self.supports_per_agent_rewards,
+            column_names=_column_names(train_dataset),
+        )
         if eval_dataset is not None and len(eval_dataset) == 0:
             raise ValueError("eval_dataset is empty; pass None to disable evaluation")
         _check_formatters_on_first_items(self.formatters, train_dataset=train_dataset, eval_dataset=eval_dataset)
@@ -319,6 +349,12 @@ class MultiAgentTrainer(_BaseTrainer):
         super().create_accelerator_and_postprocess()
         if enable_fsdp_on_cpu(self.accelerator):  # FSDP2 over gloo on a CPU-only machine (trl_marl.fsdp)
             self.is_fsdp_enabled = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # TRL's names and positional order on every trainer (see names.py), mixins' __init__ included
+        if not getattr(cls.__init__, "_accepts_trl_names", False):
+            cls.__init__ = accept_trl_names(cls.__init__)
 
     def _render(self, i: int, formatted) -> PromptText:
         text = render_prompt(formatted, self.tokenizers[i])
@@ -450,7 +486,7 @@ class MultiAgentTrainer(_BaseTrainer):
             return GenerationConfig(
                 num_return_sequences=num_return_sequences,
                 do_sample=False,
-                max_new_tokens=self.args.max_new_tokens,
+                max_new_tokens=self.args.max_completion_length,
                 pad_token_id=tok.pad_token_id,
                 eos_token_id=eos_ids if eos_ids is not None else self.eos_ids[i],
                 use_cache=True,
@@ -458,7 +494,7 @@ class MultiAgentTrainer(_BaseTrainer):
         return GenerationConfig(
             num_return_sequences=num_return_sequences,
             do_sample=True,
-            max_new_tokens=self.args.max_new_tokens,
+            max_new_tokens=self.args.max_completion_length,
             temperature=self.args.temperature,
             top_p=self.args.top_p,
             top_k=self.args.top_k or 0,
@@ -618,7 +654,9 @@ class MultiAgentTrainer(_BaseTrainer):
         scores it: exactly the generated ids for a comparator sample of agent i's tokenizer, else the text's ids plus
         the EOS it ended with (`eos_token`, or a `CompletionText`'s own), none when it was cut at `max_new_tokens`
         (see `trl_marl.team.completion_token_ids`)."""
-        return completion_token_ids(self.tokenizers[i], text, self.eos_ids[i], self.args.max_new_tokens, eos_token)
+        return completion_token_ids(
+            self.tokenizers[i], text, self.eos_ids[i], self.args.max_completion_length, eos_token
+        )
 
     def completion_eos_token(self, i: int, completion_ids: torch.Tensor) -> str | None:
         """The text of the EOS token agent i's generated `completion_ids` ended with; None when cut (no EOS)."""
@@ -751,6 +789,20 @@ class MultiAgentTrainer(_BaseTrainer):
             extra = self.metrics_callback(rollout.records())
             for k, v in (extra or {}).items():
                 m[k].append(float(v))
+        self._record_trl_metrics(rollout, mode)
+
+    def _record_trl_metrics(self, rollout: Rollout, mode: str) -> None:
+        """TRL's metric names (`reward`, `reward_std`, `completions/...`, `rewards/<func>/mean`, `num_tokens`)."""
+        m = self._metrics[mode]
+        for k, v in team_rollout_metrics(rollout, self.eos_ids).items():
+            m[k].append(v)
+        if mode == "train":
+            engine = getattr(self, "train_rollout_engine", self.rollout_engine)
+            for name, mean in engine.reward.drain_component_means().items():
+                m[f"rewards/{name}/mean"].append(mean)
+            self._tokens_since_log = getattr(self, "_tokens_since_log", 0) + rollout_num_tokens(rollout)
+            if self.args.log_completions:
+                self._completion_records = rollout.records()
 
     def _write_trace(self, rollout: Rollout) -> None:
         path = Path(self.args.trace_dir) / f"trace_rank{self.accelerator.process_index}.jsonl"
@@ -847,14 +899,38 @@ class MultiAgentTrainer(_BaseTrainer):
             if total > 0:
                 for k, v in self._timings.items():
                     metrics[f"time/{k}_fraction"] = v / total
+            metrics.update(team_means_of_agent_metrics(metrics))
+            tokens = torch.tensor([float(getattr(self, "_tokens_since_log", 0))], device=self.accelerator.device)
+            self._tokens_since_log = 0
+            if self.accelerator.num_processes > 1:
+                tokens = self.accelerator.gather(tokens)
+            self.state.num_input_tokens_seen += int(tokens.sum().item())  # TRL's num_tokens, kept in checkpoints
+            if self.state.num_input_tokens_seen:  # trainers that train on rollouts (not on stored pairs)
+                metrics["num_tokens"] = float(self.state.num_input_tokens_seen)
             prefix = ""
         else:
             prefix = "eval_"
         logs = {**logs, **{prefix + k: v for k, v in metrics.items()}}
         super().log(logs, start_time)
         self._metrics[mode].clear()
+        records = getattr(self, "_completion_records", None)
+        if mode == "train" and records and self.args.log_completions and self.accelerator.is_main_process:
+            log_completions_table(records, self.state.global_step, self.args, self.args.num_completions_to_print)
+            self._completion_records = None
 
     # ------------------------------------------------------------------ evaluation
+    def _final_evaluation(self, out):
+        """Evaluate after training (when there is an eval dataset), print the result on the main process and add
+        it to the returned `TrainOutput.metrics` (as `eval_reward`, ...)."""
+        if self.eval_dataset is None or out is None:
+            return out
+        from transformers.trainer_utils import TrainOutput
+
+        metrics = self.evaluate()
+        if self.accelerator.is_main_process:
+            print(f"[trl_marl] final evaluation: eval_reward={metrics['eval_reward']:.4f}")
+        return TrainOutput(out.global_step, out.training_loss, {**(out.metrics or {}), **metrics})
+
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Sample the current agents (one completion each, training sampling settings) on the eval items and
         score them with the TASK reward. Logs and returns `{prefix}_reward` (the mean undiscounted team return from
@@ -886,7 +962,8 @@ class MultiAgentTrainer(_BaseTrainer):
         devices = [d for d in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.args.seed + 1_000_003 * (rank + 1))
-            for start in range(0, len(indices), bs):
+            starts = range(0, len(indices), bs)
+            for start in progress_bar(starts, "Evaluating", trainer_shows_progress(self)):
                 items = [ds[j] for j in indices[start : start + bs]]
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=1, greedy_baseline=False)
                 from ..rollout import assign_returns
@@ -1207,3 +1284,6 @@ def _apply_wandb_config(args: MultiAgentConfig, cfg: dict) -> None:
     report = [r for r in report if r and r != "none"]
     if "wandb" not in report:
         args.report_to = report + ["wandb"]
+
+
+MultiAgentTrainer.__init__ = accept_trl_names(MultiAgentTrainer.__init__)

@@ -4,17 +4,26 @@ field works, and `TrlParser` exposes each one as a flag and in YAML)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import MISSING, dataclass, field, fields
 
 import torch
-from trl.trainer.base_config import _BaseConfig
 
-from ..rollout import JOINT_MODES
+if not torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") is None:
+    # DeepSpeed picks the CPU by itself on a machine without a GPU but prints "Setting accelerator to CPU" at import;
+    # naming the accelerator it would pick anyway silences that line (known harmless).
+    os.environ["DS_ACCELERATOR"] = "cpu"
+
+from trl.trainer.base_config import _BaseConfig  # noqa: E402
+
+from ..rollout import JOINT_MODES  # noqa: E402
 
 __all__ = ["MultiAgentConfig", "PARALLEL_MODES"]
 
 PARALLEL_MODES = ("none", "mp")
 VLLM_MODES = ("colocate", "server")
+# `TrainingArguments.per_device_train_batch_size`'s default: any other value was set by the user
+_TRAINING_ARGS_DEFAULT_BATCH = next(f.default for f in fields(_BaseConfig) if f.name == "per_device_train_batch_size")
 
 
 def _accelerator_available() -> bool:
@@ -52,7 +61,9 @@ class MultiAgentConfig(_BaseConfig):
             `None` disables early termination.
         external_prompt_passthrough: use the prompts returned by `external_transition` verbatim instead of passing
             them through each agent's formatter (as `item["prompt"]`).
-        max_new_tokens: maximum completion length in tokens.
+        max_completion_length: maximum completion length in tokens (TRL's name).
+        max_new_tokens: deprecated alias of `max_completion_length` (warns; after construction it holds the same
+            value).
         max_prompt_length: prompts longer than this are truncated from the left; `None` keeps them whole.
         temperature: sampling temperature.
         top_p: nucleus sampling.
@@ -93,6 +104,14 @@ class MultiAgentConfig(_BaseConfig):
         vllm_enable_lora: with `share_base_model=True`, serve every agent from ONE engine as a LoRA request
             (mixed adapters in one `generate` call, adapters pushed after each step); False gives one engine per
             agent with the agent's adapter merged into the base weights. Ignored for other teams.
+        reward_weights: with a list of `reward_funcs`: one weight per function (default 1 each), as in TRL's
+            `GRPOConfig.reward_weights`; the team reward is the weighted sum.
+        model_init_kwargs: keyword arguments for `from_pretrained` when the agents are given as ids (TRL's field),
+            e.g. `{"dtype": "bfloat16", "attn_implementation": "sdpa"}`; joins the trainer's `model_config`.
+        log_completions: print a table of a training rollout's joint actions (prompts, each agent's completion,
+            reward, advantages) at every logging step, and log it as a W&B / trackio table when those are in
+            `report_to` (TRL's `GRPOConfig.log_completions`).
+        num_completions_to_print: rows of that table (`None`: all).
         hub_team_layout: how `push_to_hub` shares the team: `"team"` (ONE repo `hub_model_id` with a folder per agent,
             `team.json` and a team card) or `"per_agent"` (one repo per agent, `{hub_model_id}-agent-{i}`). Supported
             `hub_strategy` values: `"end"` and `"every_save"` in both layouts; `"checkpoint"` and `"all_checkpoints"`
@@ -126,7 +145,8 @@ class MultiAgentConfig(_BaseConfig):
     external_prompt_passthrough: bool = field(
         default=False, metadata={"help": "Use external_transition's prompts verbatim (no formatter)."}
     )
-    max_new_tokens: int = field(default=128, metadata={"help": "Maximum completion length in tokens."})
+    max_completion_length: int = field(default=128, metadata={"help": "Maximum completion length in tokens."})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "Deprecated alias of max_completion_length."})
     max_prompt_length: int | None = field(
         default=None, metadata={"help": "Truncate prompts to this many tokens (from the left); None keeps them."}
     )
@@ -202,6 +222,21 @@ class MultiAgentConfig(_BaseConfig):
         metadata={"help": "Shared-base team: ONE multi-LoRA engine (False: one engine per agent, merged adapters)."},
     )
 
+    # TRL's fields
+    reward_weights: list[float] | None = field(
+        default=None, metadata={"help": "One weight per reward function (default 1 each)."}
+    )
+    model_init_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "from_pretrained keyword arguments for the agents (a dict or JSON string)."}
+    )
+
+    log_completions: bool = field(
+        default=False, metadata={"help": "Print (and log to W&B/trackio) a table of sampled completions."}
+    )
+    num_completions_to_print: int | None = field(
+        default=None, metadata={"help": "Rows of the log_completions table (None: all)."}
+    )
+
     # Misc
     disable_dropout: bool = field(default=True, metadata={"help": "Disable dropout in the agents."})
     trace_dir: str | None = field(
@@ -217,12 +252,35 @@ class MultiAgentConfig(_BaseConfig):
 
     # False where a training step is not a slice of a rollout (preference trainers: it counts pairs)
     _train_batch_counts_rollout_items = True
+    # deprecated alias -> TRL's (primary) name; subclasses extend it. After construction both hold the same value.
+    _deprecated_aliases = {"max_new_tokens": "max_completion_length"}
+
+    def _resolve_deprecated_aliases(self) -> None:
+        """Move a value given under a deprecated alias to the primary name (with a FutureWarning), refuse two
+        different values, then make the alias mirror the primary name (old code reading it keeps working)."""
+        defaults = {f.name: f.default for f in fields(self)}
+        for old, new in self._deprecated_aliases.items():
+            old_value, new_value = getattr(self, old), getattr(self, new)
+            if old_value is not None and old_value != new_value:
+                if defaults.get(new, MISSING) != new_value:
+                    raise ValueError(
+                        f"{old}={old_value!r} and {new}={new_value!r} disagree: {old} is a deprecated alias of "
+                        f"{new}; set only {new}"
+                    )
+                warnings.warn(f"`{old}` is deprecated; use `{new}` (TRL's name)", FutureWarning, stacklevel=4)
+                setattr(self, new, old_value)
+            setattr(self, old, getattr(self, new))
 
     def __post_init__(self):
         if self.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
             from ..import_utils import require_extra
 
             require_extra("deepspeed")  # before transformers' own check, to name the extra
+        self._resolve_deprecated_aliases()
+        if isinstance(self.model_init_kwargs, str):  # from the command line, as in TRL
+            import json
+
+            self.model_init_kwargs = json.loads(self.model_init_kwargs)
         if self.bf16 is None and not self.use_cpu and not _accelerator_available():
             self.bf16 = False
         if not _accelerator_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -235,13 +293,31 @@ class MultiAgentConfig(_BaseConfig):
         self._validate_multi_agent()
         if self.train_batch_size is None:
             self.train_batch_size = self.rollout_buffer_size
+        pdtbs = self.per_device_train_batch_size
+        if pdtbs != self.train_batch_size and pdtbs != _TRAINING_ARGS_DEFAULT_BATCH:
+            unit = (
+                f"task items per step, here {self.train_batch_size}; it must divide rollout_buffer_size="
+                f"{self.rollout_buffer_size}, the items rolled out together"
+                if self._train_batch_counts_rollout_items
+                else f"preference pairs per step, here {self.train_batch_size}"
+            )
+            raise ValueError(
+                f"per_device_train_batch_size={pdtbs} would be overwritten: in trl_marl a training step's size is "
+                f"train_batch_size ({unit}). Set train_batch_size instead"
+            )
         self.per_device_train_batch_size = self.train_batch_size
         if self.eval_batch_size is not None:
             self.per_device_eval_batch_size = self.eval_batch_size
         if self.eval_interval is not None:
             self.eval_strategy = "steps"
             self.eval_steps = self.eval_interval
-        super().__post_init__()
+        with warnings.catch_warnings():
+            # transformers >= 5.24 renamed `gradient_checkpointing` (`activation_checkpointing`) and warns whenever the
+            # old field exists, which TRL 1.16's base config still declares: harmless, and not the user's doing.
+            warnings.filterwarnings(
+                "ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            super().__post_init__()
 
     def _validate_multi_agent(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -258,7 +334,7 @@ class MultiAgentConfig(_BaseConfig):
         need(self.joint_mode in JOINT_MODES, f"joint_mode must be one of {list(JOINT_MODES)}, got {self.joint_mode!r}")
         need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
         need(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
-        need(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        need(self.max_completion_length >= 1, f"max_completion_length must be >= 1, got {self.max_completion_length}")
         need(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
         need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         need(self.top_k is None or self.top_k >= 1, f"top_k must be None or >= 1, got {self.top_k}")

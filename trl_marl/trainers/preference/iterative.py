@@ -42,6 +42,7 @@ from transformers import TrainerCallback
 from ...plugins.comparators_protocol import check_comparator_output
 from ...plugins.registry import COMPARATOR_GROUP, load_plugin
 from ...plugins.replay import make_replay_mode
+from ...progress import progress_bar, trainer_shows_progress
 from ...state_files import CorruptedStateError, read_json_state, require
 from ..actor_critic import IACConfig, MAACConfig
 from .madpo import MADPOConfig, MADPOTrainer
@@ -73,7 +74,8 @@ class IterativeConfigMixin:
     r"""Fields of the iterative trainers (`MADPOIterConfig`, `MARLHFIterConfig`).
 
     Parameters:
-        num_iterations: rounds of collect -> store -> select -> train.
+        num_rounds: rounds of collect -> store -> select -> train.
+        num_iterations: deprecated alias of `num_rounds` (in TRL's GRPO `num_iterations` means PPO epochs).
         preference_replay_mode: which stored rounds each round trains on: `current`, `nearest_k`, `all_history`,
             `lambda_decay` (or a plugin's name; entry-point group `trl_marl.replay_modes`).
         preference_replay_k: `nearest_k`: the latest k non-empty rounds; `lambda_decay`: the latest K (optional).
@@ -85,7 +87,12 @@ class IterativeConfigMixin:
         policy_checkpoint_dir: where policy snapshots for the `history` comparator go (default
             `output_dir/policy_history`).
         comparator_policy: the comparator: `current`, `current_copy`, `model`, `history`, `api` (or a plugin's
-            name; entry-point group `trl_marl.comparators`).
+            name; entry-point group `trl_marl.comparators`). In code, the trainer's `comparator=` also takes an
+            instance.
+        comparator_kwargs: keyword arguments for the comparator's constructor, after the config (a dict, or a JSON
+            object on the command line): a plugin's own options.
+        replay_kwargs: keyword arguments for the replay mode's constructor, besides `k`, `lam`, `sample_size` (a
+            dict or a JSON object): a plugin's own options.
         comparator_generation_mode: `decentralized` (one response per role) or `centralized` (one comparator model
             writes the whole joint response, parsed into roles).
         comparator_centralized_agent_index: which comparator model writes the joint response in centralized mode.
@@ -111,7 +118,8 @@ class IterativeConfigMixin:
         comparator_api_max_concurrency: most requests in flight.
     """
 
-    num_iterations: int = field(default=3, metadata={"help": "Rounds of collect -> store -> select -> train."})
+    num_rounds: int = field(default=3, metadata={"help": "Rounds of collect -> store -> select -> train."})
+    num_iterations: int | None = field(default=None, metadata={"help": "Deprecated alias of num_rounds."})
     preference_replay_mode: str = field(default="current", metadata={"help": "Replay mode (plugin name)."})
     preference_replay_k: int | None = field(default=None, metadata={"help": "Rounds k of nearest_k / lambda_decay."})
     preference_replay_lambda: float | None = field(default=None, metadata={"help": "lambda of lambda_decay."})
@@ -121,6 +129,12 @@ class IterativeConfigMixin:
     preference_replay_dir: str | None = field(default=None, metadata={"help": "Directory of the round files."})
     policy_checkpoint_dir: str | None = field(default=None, metadata={"help": "Directory of policy snapshots."})
     comparator_policy: str = field(default="current", metadata={"help": "Comparator (plugin name)."})
+    comparator_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Options for the comparator's constructor (JSON object)."}
+    )
+    replay_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Options for the replay mode's constructor (JSON object)."}
+    )
     comparator_generation_mode: str = field(
         default="decentralized", metadata={"help": "decentralized or centralized comparator generation."}
     )
@@ -155,9 +169,9 @@ class IterativeConfigMixin:
     comparator_api_max_concurrency: int = field(default=8, metadata={"help": "API requests in flight."})
 
     def _validate_iterative(self) -> None:
-        if self.num_iterations < 1:
-            raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
-        for name in ("comparator_api_headers", "comparator_api_extra_body"):
+        if self.num_rounds < 1:
+            raise ValueError(f"num_rounds must be >= 1, got {self.num_rounds}")
+        for name in ("comparator_api_headers", "comparator_api_extra_body", "comparator_kwargs", "replay_kwargs"):
             value = getattr(self, name)
             if isinstance(value, str):
                 try:
@@ -181,6 +195,7 @@ class IterativeConfigMixin:
             k=self.preference_replay_k,
             lam=self.preference_replay_lambda,
             sample_size=self.preference_replay_sample_size,
+            **(self.replay_kwargs or {}),
         )
         load_plugin(COMPARATOR_GROUP, self.comparator_policy)
         if self.comparator_history_k is not None and self.comparator_policy != "history":
@@ -202,6 +217,7 @@ class MADPOIterConfig(MADPOConfig, IterativeConfigMixin):
     num_train_epochs: float = field(default=1.0, metadata={"help": "Epochs over B(nu) in each round."})
     pair_selection: str = _ITER_PAIR_SELECTION
     _allowed_pair_selections = PAIR_SELECTIONS
+    _deprecated_aliases = {**MADPOConfig._deprecated_aliases, "num_iterations": "num_rounds"}
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
@@ -232,6 +248,7 @@ class MARLHFIterConfig(MARLHFConfig, IterativeConfigMixin):
         metadata={"help": "Oracle of new comparisons: task or reward_model.", "choices": list(PREFERENCE_SCORING)},
     )
     _allowed_pair_selections = PAIR_SELECTIONS
+    _deprecated_aliases = {**MARLHFConfig._deprecated_aliases, "num_iterations": "num_rounds"}
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
@@ -385,21 +402,46 @@ class _RoundCallback(TrainerCallback):
 class IterativeMixin:
     """Rounds, the comparator, the replay buffer, round files, policy history and round checkpoints."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, comparator: Any = None, replay_mode: Any = None, **kwargs):
+        """`comparator=` / `replay_mode=`: a registered plugin name (instead of the config's `comparator_policy` /
+        `preference_replay_mode`) or a ready instance (a notebook user's own object; see docs/plugins.md)."""
         cfg = kwargs["args"] = self._checked_args(kwargs.get("args"))
-        self._init_iterative(cfg)  # comparator and replay mode first: their errors come before any model loads
+        self._init_iterative(cfg, comparator, replay_mode)  # their errors come before any model loads
         super().__init__(*args, **kwargs)
         self._post_init_iterative()
 
-    def _init_iterative(self, args) -> None:
-        """Before the models load: build the comparator and the replay mode (their own validation)."""
-        self.comparator = load_plugin(COMPARATOR_GROUP, args.comparator_policy)(args)
-        self.replay_mode = make_replay_mode(
-            args.preference_replay_mode,
-            k=args.preference_replay_k,
-            lam=args.preference_replay_lambda,
-            sample_size=args.preference_replay_sample_size,
-        )
+    def _init_iterative(self, args, comparator: Any = None, replay_mode: Any = None) -> None:
+        """Before the models load: build (or take) the comparator and the replay mode (their own validation)."""
+        if comparator is None or isinstance(comparator, str):
+            name = args.comparator_policy if comparator is None else comparator
+            self.comparator = load_plugin(COMPARATOR_GROUP, name)(args, **(args.comparator_kwargs or {}))
+            self.comparator_name = name
+        else:
+            if not callable(getattr(comparator, "generate", None)):
+                raise TypeError(
+                    f"comparator={type(comparator).__name__} has no generate(items, prompts_per_agent, "
+                    "num_candidates, trainer) method; see trl_marl.plugins.comparators_protocol"
+                )
+            if args.comparator_kwargs:
+                raise ValueError("comparator_kwargs configures a comparator built by name; this one is an instance")
+            self.comparator, self.comparator_name = comparator, type(comparator).__name__
+        if replay_mode is None or isinstance(replay_mode, str):
+            self.replay_mode = make_replay_mode(
+                args.preference_replay_mode if replay_mode is None else replay_mode,
+                k=args.preference_replay_k,
+                lam=args.preference_replay_lambda,
+                sample_size=args.preference_replay_sample_size,
+                **(args.replay_kwargs or {}),
+            )
+        else:
+            if not callable(getattr(replay_mode, "select", None)):
+                raise TypeError(
+                    f"replay_mode={type(replay_mode).__name__} has no select(rounds, rng) method; see "
+                    "trl_marl.plugins.replay.ReplayMode"
+                )
+            if args.replay_kwargs:
+                raise ValueError("replay_kwargs configures a replay mode built by name; this one is an instance")
+            self.replay_mode = replay_mode
 
     def _post_init_iterative(self) -> None:
         a = self.args
@@ -507,7 +549,8 @@ class IterativeMixin:
         rng = random.Random(a.seed * 1_000_003 + nu * 101 + rank)
         local: list[PreferencePair] = []
         target_rewards, comp_rewards = [], []
-        for start in range(0, len(indices), a.rollout_buffer_size):
+        starts = range(0, len(indices), a.rollout_buffer_size)
+        for start in progress_bar(starts, f"Round {nu}: collecting pairs", trainer_shows_progress(self)):
             items = [self.train_dataset[j] for j in indices[start : start + a.rollout_buffer_size]]
             with self.rng_streams.scoped("rollout", nu):
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
@@ -521,7 +564,7 @@ class IterativeMixin:
             with self.rng_streams.scoped("comparator", nu):  # its draws never shift the training stream's
                 joint = self.comparator.generate(items, prompts_per_agent, Kc, self)
             joint = check_comparator_output(
-                joint, num_items=len(items), num_candidates=Kc, num_agents=n, name=a.comparator_policy
+                joint, num_items=len(items), num_candidates=Kc, num_agents=n, name=self.comparator_name
             )
             flat = [(b, c) for b in range(len(items)) for c in range(Kc) if joint[b][c] is not None]
             c_proc: list[list[float | None]] = [[None] * Kc for _ in items]
@@ -642,9 +685,7 @@ class IterativeMixin:
             close = getattr(self.comparator, "close", None)
             if close is not None:
                 close()
-        if self.eval_dataset is not None:
-            self.evaluate()
-        return out
+        return self._final_evaluation(out)
 
     def _save_checkpoint_extra(self, folder: str) -> None:
         super()._save_checkpoint_extra(folder)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +30,7 @@ from transformers.trainer_utils import TrainOutput
 
 from ...algorithms.logprobs import sequence_logprobs
 from ...algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
+from ...progress import progress_bar, trainer_shows_progress
 from ...team import agent_token_logprobs, collate_agent_batch
 from ..base import MultiAgentTrainer, _identity_collate
 from ..config import MultiAgentConfig
@@ -120,7 +120,7 @@ class MADPOConfig(PreferenceConfig):
 
     Parameters:
         beta: eta, the scale of the joint margin in the loss (TRL's `beta`; for `ipo` the regularization tau).
-        dpo_beta: deprecated alias of `beta` (when set it wins, with a warning).
+        dpo_beta: deprecated alias of `beta` (with a FutureWarning).
         loss_type: one or more of TRL's DPO loss types applied to the JOINT response: `sigmoid` (default, the
             spec's MADPO), `hinge`, `ipo`, `exo_pair`, `nca_pair`, `robust`, `bco_pair`, `sppo_hard`, `apo_zero`,
             `apo_down`, `discopop`, `sigmoid_norm`.
@@ -147,18 +147,12 @@ class MADPOConfig(PreferenceConfig):
         default=False,
         metadata={"help": "Reference log-probs computed once before training (ref_model, else the initial agents)."},
     )
+    _deprecated_aliases = {**PreferenceConfig._deprecated_aliases, "dpo_beta": "beta"}
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
-        if self.dpo_beta is not None:
-            if self.dpo_beta <= 0:
-                raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
-            if self.dpo_beta != self.beta:
-                warnings.warn("dpo_beta is deprecated: use beta (TRL's name)", FutureWarning, stacklevel=3)
-            self.beta = self.dpo_beta
-        if self.beta <= 0:
+        if self.beta <= 0:  # `dpo_beta` (deprecated alias) was moved to `beta` by _resolve_deprecated_aliases
             raise ValueError(f"beta must be > 0, got {self.beta}")
-        self.dpo_beta = self.beta  # old readers of args.dpo_beta see the value in use
         if isinstance(self.loss_type, str):
             self.loss_type = [self.loss_type]
         bad = [t for t in self.loss_type if t not in DPO_LOSS_TYPES]
@@ -265,7 +259,8 @@ class PreferenceCollectionMixin:
         local: list[PreferencePair] = []
         rewards: list[float] = []
         was_training = self.model.training
-        for start in range(0, len(indices), bs):
+        starts = range(0, len(indices), bs)
+        for start in progress_bar(starts, "Collecting preference pairs", trainer_shows_progress(self)):
             items = [ds[j] for j in indices[start : start + bs]]
             with self.rng_streams.scoped("rollout", self._rng_round()):
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
@@ -404,10 +399,8 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
             return self._end_without_pairs("there is nothing to learn from")
         if self.args.precompute_ref_log_probs:
             self.precompute_reference_logps(self.pairs)
-        out = super().train(resume_from_checkpoint, *args, **kwargs)
-        if self.eval_dataset is not None:
-            self.evaluate()  # a true post-update reward, unlike turn_1/reward_mean
-        return out
+        # a true post-update reward, unlike turn_1/reward_mean
+        return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
 
     def _extra_resume_state(self) -> dict:
         return {**super()._extra_resume_state(), "pairs": self.pairs}

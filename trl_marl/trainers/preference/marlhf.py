@@ -23,6 +23,7 @@ import torch
 
 from ...rewards import RewardFunction
 from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from ..names import TRL_POSITIONAL
 from ..reinforce import MAGRPOTrainer
 from .madpo import PreferenceCollectionMixin, PreferenceConfig
 from .reward_model import JointRewardModel
@@ -266,10 +267,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             if not self.pairs:
                 return self._end_without_pairs("no reward model can be fitted")
             self.fit_reward_model()
-        out = super().train(resume_from_checkpoint, *args, **kwargs)
-        if self.eval_dataset is not None:
-            self.evaluate()
-        return out
+        return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
 
     def _save_extra(self, output_dir: str, state_dict: dict) -> None:
         super()._save_extra(output_dir, state_dict)
@@ -316,6 +314,9 @@ class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):
     actor_critic_variants: dict[str, type] = {}
 
     def __new__(cls, *args, **kwargs):
+        if len(args) > 2:  # TRL's positional order (model, reward_funcs, args, ...): see trainers/names.py
+            kwargs = {**dict(zip(TRL_POSITIONAL, args)), **kwargs}
+            args = ()
         cfg = kwargs.get("args")
         backend = cls.__dict__.get("actor_critic_variants", {}).get(getattr(cfg, "rl_algorithm", None))
         if backend is not None:

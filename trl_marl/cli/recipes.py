@@ -1,0 +1,173 @@
+"""The training commands of `trl-marl` (and of `recipes/*.py`): one `Recipe` per subcommand.
+
+Each recipe names its trainer and config (imported lazily, so `trl-marl --help` is fast), the recipe's own defaults,
+and the defaults of the no-model run on the tiny local model. `run_command(name, argv)` parses the flags with TRL's
+`TrlParser` (every config field is a flag and a `--config` YAML key) and runs `trl_marl.scripts.run_recipe`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..scripts import RecipeArguments, critic_source, explicit_flags, parse_recipe_args, run_recipe
+
+__all__ = ["Recipe", "RECIPES", "MAGRPOScriptArguments", "make_parser", "run_command"]
+
+# the tiny model's no-argument MADPO run: ~256 pairs from 64 items, 4 epochs
+MADPO_TINY_DEFAULTS = {
+    "rollout_buffer_size": 16,
+    "preference_num_candidates": 4,
+    "preference_pairs_per_sample": 4,
+    "train_batch_size": 8,
+    "num_train_epochs": 4,
+    "max_steps": -1,
+}
+MARLHF_TINY_DEFAULTS = {
+    "preference_num_candidates": 8,
+    "pair_selection": "all",
+    "preference_pairs_per_sample": None,
+    "reward_learning_rate": 1e-3,
+    "reward_num_train_epochs": 2,
+    "reward_max_length": 40,
+    "rollout_buffer_size": 8,
+}
+ITER_TINY_DEFAULTS = {"num_rounds": 2, "max_steps": -1}
+
+BASELINE_TRAINERS = {
+    "mean": "MAGRPOTrainer",
+    "raw": "MAREINFORCETrainer",
+    "loo": "MARLOOTrainer",
+    "max": "MAReMaxTrainer",
+}
+
+
+@dataclass
+class MAGRPOScriptArguments(RecipeArguments):
+    """`RecipeArguments` plus `--baseline`, which picks the REINFORCE-family trainer of `trl-marl magrpo`."""
+
+    baseline: str = field(
+        default="mean",
+        metadata={
+            "help": "Group baseline: mean (MAGRPO), raw (MAREINFORCE), loo (MARLOO), max (MAReMax).",
+            "choices": list(BASELINE_TRAINERS),
+        },
+    )
+
+
+def _critic_kwargs(recipe_args: RecipeArguments) -> dict[str, Any]:
+    return {"critic_model": critic_source(recipe_args)}
+
+
+def _iac_critic_kwargs(recipe_args: RecipeArguments) -> dict[str, Any]:
+    # IAC's critics default to a copy of each agent's own model; an explicit critic model is broadcast.
+    return {"critic_model": recipe_args.critic_model_name_or_path} if recipe_args.critic_model_name_or_path else {}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One training command.
+
+    Attributes:
+        name: the subcommand (`trl-marl <name>`) and the default `output_dir` (`outputs/<name>`).
+        trainer: name of the trainer class in `trl_marl`.
+        config: name of its config class in `trl_marl`.
+        help: one line for `trl-marl --help`.
+        tiny_defaults: defaults of the no-model run on the tiny local model (flags the user sets win).
+        script_args: the script-arguments dataclass.
+        trainer_kwargs: extra trainer keyword arguments from the script arguments and config (critics).
+    """
+
+    name: str
+    trainer: str
+    config: str
+    help: str
+    tiny_defaults: dict[str, Any] = field(default_factory=dict)
+    script_args: type = RecipeArguments
+    trainer_kwargs: Callable[[RecipeArguments, Any], dict[str, Any]] | None = None
+
+    def config_class(self) -> type:
+        return getattr(importlib.import_module("trl_marl"), self.config)
+
+    def trainer_class(self) -> type:
+        return getattr(importlib.import_module("trl_marl"), self.trainer)
+
+
+def _marlhf_kwargs(recipe_args: RecipeArguments, config: Any) -> dict[str, Any]:
+    # `--rl_algorithm maac|iac` builds the actor-critic variant, which needs a critic (same default as `maac`).
+    if config.rl_algorithm == "maac":
+        return _critic_kwargs(recipe_args)
+    if config.rl_algorithm == "iac":
+        return _iac_critic_kwargs(recipe_args)
+    return {}
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe("magrpo", "MAGRPOTrainer", "MAGRPOConfig", "MAGRPO (group-mean baseline)", script_args=MAGRPOScriptArguments),
+        Recipe("mareinforce", "MAREINFORCETrainer", "MAREINFORCEConfig", "MAREINFORCE (no baseline)"),
+        Recipe("marloo", "MARLOOTrainer", "MARLOOConfig", "MARLOO (leave-one-out baseline)"),
+        Recipe("maremax", "MAReMaxTrainer", "MAReMaxConfig", "MAReMax (greedy / max baseline)"),
+        Recipe(
+            "maac", "MAACTrainer", "MAACConfig", "MAAC (one centralized critic)",
+            trainer_kwargs=lambda a, c: _critic_kwargs(a),
+        ),
+        Recipe(
+            "iac", "IACTrainer", "IACConfig", "IAC (independent critics)",
+            trainer_kwargs=lambda a, c: _iac_critic_kwargs(a) if c.use_separate_critic else {},
+        ),
+        Recipe(
+            "mappo", "MAPPOTrainer", "MAPPOConfig", "MAPPO (clipped PPO, centralized critic)",
+            trainer_kwargs=lambda a, c: _critic_kwargs(a),
+        ),
+        Recipe("madpo", "MADPOTrainer", "MADPOConfig", "MADPO (multi-agent DPO)", tiny_defaults=MADPO_TINY_DEFAULTS),
+        Recipe(
+            "marlhf", "MARLHFTrainer", "MARLHFConfig", "MARLHF (joint reward model, then RL)",
+            tiny_defaults=MARLHF_TINY_DEFAULTS, trainer_kwargs=_marlhf_kwargs,
+        ),
+        Recipe(
+            "madpo-iter", "MADPOIterTrainer", "MADPOIterConfig", "iterative MADPO (rounds, comparator, replay)",
+            tiny_defaults={**MADPO_TINY_DEFAULTS, "num_train_epochs": 1, **ITER_TINY_DEFAULTS},
+        ),
+        Recipe(
+            "marlhf-iter", "MARLHFIterTrainer", "MARLHFIterConfig", "iterative MARLHF (rounds, comparator, replay)",
+            tiny_defaults={**MARLHF_TINY_DEFAULTS, **ITER_TINY_DEFAULTS}, trainer_kwargs=_marlhf_kwargs,
+        ),
+    )
+}  # fmt: skip
+
+
+def make_parser(name: str, prog: str | None = None):
+    """TRL's `TrlParser` over the recipe's script arguments and config (the `--help` of `trl-marl <name>`)."""
+    from trl import TrlParser
+
+    recipe = RECIPES[name]
+    return TrlParser((recipe.script_args, recipe.config_class()), prog=prog or f"trl-marl {name}")
+
+
+def run_command(name: str, argv: list[str] | None = None) -> Any:
+    """Parse `argv` (default: `sys.argv[1:]`) for the recipe `name`, then train; returns the trainer."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown command {name!r}; commands: {sorted(RECIPES)}")
+    recipe = RECIPES[name]
+    script_args, config = parse_recipe_args(
+        recipe.config_class(),
+        defaults={"output_dir": f"outputs/{name}"},
+        argv=argv,
+        script_args_cls=recipe.script_args,
+        tiny_defaults=recipe.tiny_defaults,
+        prog=f"trl-marl {name}",
+    )
+    trainer_cls = recipe.trainer_class()
+    baseline = getattr(script_args, "baseline", "mean")
+    if baseline != "mean":
+        trainer_cls = getattr(importlib.import_module("trl_marl"), BASELINE_TRAINERS[baseline])
+        if "advantage_normalization" not in explicit_flags(argv):
+            config.advantage_normalization = False  # with it on, every baseline is MAGRPO (see docs/magrpo.md)
+    extra = recipe.trainer_kwargs
+    return run_recipe(
+        trainer_cls, script_args, config, extra_trainer_kwargs=None if extra is None else lambda a: extra(a, config)
+    )
