@@ -212,3 +212,39 @@ def test_resume_state_loads_only_allowlisted_classes(tmp_path, monkeypatch):
         load_resume_state(str(tmp_path), 0)
     with pytest.raises(CheckpointError, match="has no trl_marl_state_rank1.pt"):
         load_resume_state(str(tmp_path), 1)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_killed_and_resumed_exactly(tmp_path, tiny_path):
+    """2-process DDP (gloo): each process saves and restores its own resume state; the run killed at step 4 and
+    resumed from checkpoint-3 ends with the weights of the uninterrupted run."""
+
+    def launch(out, *extra):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+        cmd += [str(ROOT / "accelerate_configs" / "multi_cpu.yaml"), str(SCRIPT), "magrpo", str(out), tiny_path]
+        return subprocess.run([*cmd, *extra], env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+    full = launch(tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-4000:]
+    killed = launch(tmp_path / "killed", "--kill-at", "4")
+    assert killed.returncode != 0
+    assert latest_complete_checkpoint(str(tmp_path / "killed")).endswith("checkpoint-3")
+    assert {p.name for p in (tmp_path / "killed" / "checkpoint-3").glob("trl_marl_state_rank*.pt")} == {
+        "trl_marl_state_rank0.pt",
+        "trl_marl_state_rank1.pt",
+    }
+    resumed = launch(tmp_path / "killed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    from safetensors.torch import load_file
+
+    last = resume_run.MAX_STEPS["magrpo"]
+    for i in (1, 2):
+        a = load_file(tmp_path / "full" / f"checkpoint-{last}" / f"agent_{i}" / "model.safetensors")
+        b = load_file(tmp_path / "killed" / f"checkpoint-{last}" / f"agent_{i}" / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    state = json.loads((tmp_path / "killed" / f"checkpoint-{last}" / "trainer_state.json").read_text())
+    full_state = json.loads((tmp_path / "full" / f"checkpoint-{last}" / "trainer_state.json").read_text())
+    rewards = [[h.get("turn_1/reward_mean") for h in s["log_history"]] for s in (state, full_state)]
+    assert rewards[0] == rewards[1]
