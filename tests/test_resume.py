@@ -64,9 +64,18 @@ def _assert_same_run(full, resumed):
     assert resumed.env_step == full.env_step
 
 
-def kill_and_resume(family, kill_at, tmp_path, tiny_path):
-    full = resume_run.build(family, str(tmp_path / "full"), tiny_path)
+@pytest.fixture(scope="module")
+def magrpo_full(tmp_path_factory, tiny_path):
+    """The uninterrupted MAGRPO run (no checkpoints: saving changes nothing of the run), shared by the tests."""
+    full = resume_run.build("magrpo", str(tmp_path_factory.mktemp("magrpo_full")), tiny_path, save=False)
     full.train()
+    return full
+
+
+def kill_and_resume(family, kill_at, tmp_path, tiny_path, full=None):
+    if full is None:
+        full = resume_run.build(family, str(tmp_path / "full"), tiny_path)
+        full.train()
     if kill_at is None:  # iterative: inside the last round (checkpoints are written at round ends only)
         ends = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "full").glob("checkpoint-*"))
         kill_at = ends[-2] + 1
@@ -79,10 +88,10 @@ def kill_and_resume(family, kill_at, tmp_path, tiny_path):
     return full, resumed
 
 
-def test_magrpo_killed_mid_rollout_resumes_exactly(tmp_path, tiny_path):
+def test_magrpo_killed_mid_rollout_resumes_exactly(tmp_path, tiny_path, magrpo_full):
     # 2 steps per rollout, 4 steps per epoch: killed at the end of step 4 (no checkpoint of it), the run resumes
     # from checkpoint-3, inside the second rollout (its buffer restored), and crosses an epoch boundary
-    _, resumed = kill_and_resume("magrpo", 4, tmp_path, tiny_path)
+    _, resumed = kill_and_resume("magrpo", 4, tmp_path, tiny_path, full=magrpo_full)
     assert resumed._restored_from.endswith("checkpoint-3")
 
 
@@ -97,11 +106,14 @@ def test_every_family_killed_and_resumed_exactly(family, kill_at, tmp_path, tiny
 
 # ---------------------------------------------------------------------------------------------- preemption
 @pytest.mark.parametrize("family,step", [("magrpo", 3), pytest.param("madpoiter", 3, marks=pytest.mark.slow)])
-def test_sigterm_finishes_the_step_checkpoints_and_exits_75(family, step, tmp_path, tiny_path):
+def test_sigterm_finishes_the_step_checkpoints_and_exits_75(family, step, tmp_path, tiny_path, request):
     """A real SIGTERM at the end of step 3 (inside a rollout / inside a round), no periodic checkpoints: the run
     writes checkpoint-3, exits with status 75, and resuming from it gives the uninterrupted run."""
-    full = resume_run.build(family, str(tmp_path / "full"), tiny_path, save=False)
-    full.train()
+    if family == "magrpo":
+        full = request.getfixturevalue("magrpo_full")
+    else:
+        full = resume_run.build(family, str(tmp_path / "full"), tiny_path, save=False)
+        full.train()
     out = tmp_path / "preempted"
     proc = _run_script(family, out, tiny_path, "--signal-at", step, "--no-save")
     assert proc.returncode == PREEMPTED_EXIT_CODE, proc.stderr[-3000:]
