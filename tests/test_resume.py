@@ -260,3 +260,20 @@ def test_two_process_ddp_killed_and_resumed_exactly(tmp_path, tiny_path):
     full_state = json.loads((tmp_path / "full" / f"checkpoint-{last}" / "trainer_state.json").read_text())
     rewards = [[h.get("turn_1/reward_mean") for h in s["log_history"]] for s in (state, full_state)]
     assert rewards[0] == rewards[1]
+
+
+def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_path):
+    out = tmp_path / "run"
+    t = resume_run.build("magrpo", str(out), tiny_path)
+    t.args.max_steps = 1
+    t.train()
+    path = out / "checkpoint-1" / "trl_marl_state_rank0.pt"
+    state = torch.load(path, weights_only=False)
+    state["num_processes"] = 2
+    torch.save(state, path)
+    marker = json.loads((out / "checkpoint-1" / COMPLETE_MARKER).read_text())
+    for f in marker["files"]:  # keep the checkpoint "complete" after the edit
+        f["size"] = (out / "checkpoint-1" / f["path"]).stat().st_size
+    (out / "checkpoint-1" / COMPLETE_MARKER).write_text(json.dumps(marker))
+    with pytest.raises(CheckpointError, match="written by 2 process.*this run has 1.*resume with 2"):
+        resume_run.build("magrpo", str(out), tiny_path).train(resume_from_checkpoint=True)
