@@ -64,9 +64,18 @@ def _assert_same_run(full, resumed):
     assert resumed.env_step == full.env_step
 
 
-def kill_and_resume(family, kill_at, tmp_path, tiny_path):
-    full = resume_run.build(family, str(tmp_path / "full"), tiny_path)
+@pytest.fixture(scope="module")
+def magrpo_full(tmp_path_factory, tiny_path):
+    """The uninterrupted MAGRPO run (no checkpoints: saving changes nothing of the run), shared by the tests."""
+    full = resume_run.build("magrpo", str(tmp_path_factory.mktemp("magrpo_full")), tiny_path, save=False)
     full.train()
+    return full
+
+
+def kill_and_resume(family, kill_at, tmp_path, tiny_path, full=None):
+    if full is None:
+        full = resume_run.build(family, str(tmp_path / "full"), tiny_path)
+        full.train()
     if kill_at is None:  # iterative: inside the last round (checkpoints are written at round ends only)
         ends = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "full").glob("checkpoint-*"))
         kill_at = ends[-2] + 1
@@ -79,10 +88,10 @@ def kill_and_resume(family, kill_at, tmp_path, tiny_path):
     return full, resumed
 
 
-def test_magrpo_killed_mid_rollout_resumes_exactly(tmp_path, tiny_path):
+def test_magrpo_killed_mid_rollout_resumes_exactly(tmp_path, tiny_path, magrpo_full):
     # 2 steps per rollout, 4 steps per epoch: killed at the end of step 4 (no checkpoint of it), the run resumes
     # from checkpoint-3, inside the second rollout (its buffer restored), and crosses an epoch boundary
-    _, resumed = kill_and_resume("magrpo", 4, tmp_path, tiny_path)
+    _, resumed = kill_and_resume("magrpo", 4, tmp_path, tiny_path, full=magrpo_full)
     assert resumed._restored_from.endswith("checkpoint-3")
 
 
@@ -97,11 +106,14 @@ def test_every_family_killed_and_resumed_exactly(family, kill_at, tmp_path, tiny
 
 # ---------------------------------------------------------------------------------------------- preemption
 @pytest.mark.parametrize("family,step", [("magrpo", 3), pytest.param("madpoiter", 3, marks=pytest.mark.slow)])
-def test_sigterm_finishes_the_step_checkpoints_and_exits_75(family, step, tmp_path, tiny_path):
+def test_sigterm_finishes_the_step_checkpoints_and_exits_75(family, step, tmp_path, tiny_path, request):
     """A real SIGTERM at the end of step 3 (inside a rollout / inside a round), no periodic checkpoints: the run
     writes checkpoint-3, exits with status 75, and resuming from it gives the uninterrupted run."""
-    full = resume_run.build(family, str(tmp_path / "full"), tiny_path, save=False)
-    full.train()
+    if family == "magrpo":
+        full = request.getfixturevalue("magrpo_full")
+    else:
+        full = resume_run.build(family, str(tmp_path / "full"), tiny_path, save=False)
+        full.train()
     out = tmp_path / "preempted"
     proc = _run_script(family, out, tiny_path, "--signal-at", step, "--no-save")
     assert proc.returncode == PREEMPTED_EXIT_CODE, proc.stderr[-3000:]
@@ -212,3 +224,56 @@ def test_resume_state_loads_only_allowlisted_classes(tmp_path, monkeypatch):
         load_resume_state(str(tmp_path), 0)
     with pytest.raises(CheckpointError, match="has no trl_marl_state_rank1.pt"):
         load_resume_state(str(tmp_path), 1)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_killed_and_resumed_exactly(tmp_path, tiny_path):
+    """2-process DDP (gloo): each process saves and restores its own resume state; the run killed at step 4 and
+    resumed from checkpoint-3 ends with the weights of the uninterrupted run."""
+
+    def launch(out, *extra):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+        cmd += [str(ROOT / "accelerate_configs" / "multi_cpu.yaml"), str(SCRIPT), "magrpo", str(out), tiny_path]
+        return subprocess.run([*cmd, *extra], env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+    full = launch(tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-4000:]
+    killed = launch(tmp_path / "killed", "--kill-at", "4")
+    assert killed.returncode != 0
+    assert latest_complete_checkpoint(str(tmp_path / "killed")).endswith("checkpoint-3")
+    assert {p.name for p in (tmp_path / "killed" / "checkpoint-3").glob("trl_marl_state_rank*.pt")} == {
+        "trl_marl_state_rank0.pt",
+        "trl_marl_state_rank1.pt",
+    }
+    resumed = launch(tmp_path / "killed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    from safetensors.torch import load_file
+
+    last = resume_run.MAX_STEPS["magrpo"]
+    for i in (1, 2):
+        a = load_file(tmp_path / "full" / f"checkpoint-{last}" / f"agent_{i}" / "model.safetensors")
+        b = load_file(tmp_path / "killed" / f"checkpoint-{last}" / f"agent_{i}" / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    state = json.loads((tmp_path / "killed" / f"checkpoint-{last}" / "trainer_state.json").read_text())
+    full_state = json.loads((tmp_path / "full" / f"checkpoint-{last}" / "trainer_state.json").read_text())
+    rewards = [[h.get("turn_1/reward_mean") for h in s["log_history"]] for s in (state, full_state)]
+    assert rewards[0] == rewards[1]
+
+
+def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_path):
+    out = tmp_path / "run"
+    t = resume_run.build("magrpo", str(out), tiny_path)
+    t.args.max_steps = 1
+    t.train()
+    path = out / "checkpoint-1" / "trl_marl_state_rank0.pt"
+    state = torch.load(path, weights_only=False)
+    state["num_processes"] = 2
+    torch.save(state, path)
+    marker = json.loads((out / "checkpoint-1" / COMPLETE_MARKER).read_text())
+    for f in marker["files"]:  # keep the checkpoint "complete" after the edit
+        f["size"] = (out / "checkpoint-1" / f["path"]).stat().st_size
+    (out / "checkpoint-1" / COMPLETE_MARKER).write_text(json.dumps(marker))
+    with pytest.raises(CheckpointError, match="written by 2 process.*this run has 1.*resume with 2"):
+        resume_run.build("magrpo", str(out), tiny_path).train(resume_from_checkpoint=True)

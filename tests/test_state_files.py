@@ -118,3 +118,24 @@ def test_missing_agent_weights_in_a_checkpoint_are_named(iterative_checkpoint, t
     (copy / "agent_2" / "model.safetensors").unlink()
     with pytest.raises(CorruptedStateError, match=r"agent_2: no model weights .*delete .* and resume"):
         trainer._load_from_checkpoint(str(copy))
+
+
+def test_iterative_resume_from_checkpoint_true(iterative_checkpoint, tiny_path):
+    """`train(resume_from_checkpoint=True)` on an iterative trainer (was `TypeError: expected str ... not bool`)
+    finds the latest complete checkpoint; every round being done, it ends at once with the same weights."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+    import resume_run
+
+    done, ckpt = iterative_checkpoint
+    t = resume_run.build("madpoiter", str(ckpt.parent), tiny_path)
+    t.args.num_iterations = 1
+    t.train(resume_from_checkpoint=True)
+    assert t._restored_from == str(ckpt) and t.completed_rounds == 1
+    assert t.state.global_step == done.state.global_step
+    for a, b in zip(done.team.parameters(), t.team.parameters()):
+        assert torch.equal(a, b)

@@ -3,7 +3,8 @@
 Run as a script: `resume_run.py FAMILY OUTPUT_DIR TINY_MODEL [--kill-at K] [--signal-at K]`:
   --kill-at K    SIGKILL this process at the end of optimizer step K (no polite stop, no checkpoint of step K);
   --signal-at K  send this process SIGTERM at the end of step K (the preemption path);
-  --no-save      no periodic checkpoints (save_strategy="no").
+  --no-save      no periodic checkpoints (save_strategy="no");
+  --resume       resume from the latest complete checkpoint (the multi-process test).
 The test imports `build` to run the uninterrupted and the resumed runs in its own process.
 """
 
@@ -98,7 +99,10 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGTERM)  # handled: the trainer finishes this step and checkpoints
 
     trainer = build(family, out, tiny, callbacks=[Die()], save="--no-save" not in rest)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=True if "--resume" in rest else None)
+    if trainer.accelerator.num_processes > 1:
+        trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from ..algorithms.logprobs import completion_mask
 from ..algorithms.losses import k3_kl
 from ..checkpoint import (
     PREEMPTED_EXIT_CODE,
+    CheckpointError,
     PreemptionHandler,
     load_resume_state,
     resolve_resume_checkpoint,
@@ -1035,6 +1036,13 @@ class MultiAgentTrainer(_BaseTrainer):
         if checkpoint is None or checkpoint == self._restored_from:
             return checkpoint
         state = load_resume_state(checkpoint, self.accelerator.process_index)
+        saved_world = state.get("num_processes", self.accelerator.num_processes)
+        if saved_world != self.accelerator.num_processes:
+            raise CheckpointError(
+                f"{checkpoint} was written by {saved_world} process(es) and this run has "
+                f"{self.accelerator.num_processes}: each process resumes its own rollout buffer and random streams; "
+                f"resume with {saved_world} process(es)"
+            )
         self._step = int(state["step"])
         self.env_step = int(state["env_step"])
         self._buffered = state["buffered"]
@@ -1053,6 +1061,7 @@ class MultiAgentTrainer(_BaseTrainer):
         the global torch / numpy / python random states are transformers' `rng_state*.pth`)."""
         streams = getattr(self, "rng_streams", None)
         return {
+            "num_processes": self.accelerator.num_processes,
             "step": self._step,
             "env_step": self.env_step,
             "buffered": self._buffered,
