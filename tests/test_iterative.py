@@ -423,7 +423,9 @@ def test_marlhf_iter_improves_over_three_rounds(task_trainer):
         "length_ratio",
         preference_num_candidates=8,
         reward_learning_rate=1e-3,
-        reward_num_train_epochs=1,
+        # 2 epochs: with TRL's RewardTrainer (different batch order, grad clipping) one epoch left this fixed-seed
+        # run's reward model at 0.62 pair accuracy in round 1 and the gain at +0.05..+0.13 across variants
+        reward_num_train_epochs=2,
         reward_max_length=40,
         num_iterations=3,
         num_train_epochs=3,

@@ -478,10 +478,11 @@ def _launch(config: str, script: str, *args: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["multi_cpu", "zero2_cpu"])
+@pytest.mark.parametrize("config", ["multi_cpu", "zero2_cpu", "zero3_cpu"])
 def test_reward_model_fit_is_sharded_over_processes(tmp_path, tiny_path, config):
-    """2 processes (DDP / ZeRO-2): the RewardTrainer stage shards the pairs (each process takes half of every
-    batch: half the steps of a 1-process fit) and the fitted weights are equal on both ranks."""
+    """2 processes (DDP / ZeRO-2 / ZeRO-3): the RewardTrainer stage shards the pairs (each process takes half of
+    every batch: half the steps of a 1-process fit) and the fitted weights are full and equal on both ranks after
+    the stage (they score the pairs as TRL's evaluation did)."""
     import json
 
     _launch(config, "dist_reward_model.py", str(tmp_path), "16", "1")
@@ -494,5 +495,12 @@ def test_reward_model_fit_is_sharded_over_processes(tmp_path, tiny_path, config)
     assert w0.keys() == w1.keys()
     for k in w0:
         torch.testing.assert_close(w0[k], w1[k], msg=k)
-    fresh = JointRewardModel.from_pretrained(tiny_path, seed=0).model.state_dict()
+    rm = JointRewardModel.from_pretrained(tiny_path, seed=0)
+    fresh = rm.model.state_dict()
     assert any(not torch.allclose(fresh[k], w0[k]) for k in w0)  # it was trained
+    rm.model.load_state_dict(w0)
+    pairs = _synthetic_pairs(16)
+    w = rm.score([p.prompts for p in pairs], [p.winner_completions for p in pairs])
+    lo = rm.score([p.prompts for p in pairs], [p.loser_completions for p in pairs])
+    margin = sum(a - b for a, b in zip(w, lo)) / len(w)
+    assert margin == pytest.approx(infos[0]["metrics"]["reward_model/margin"], rel=1e-4, abs=1e-5)
