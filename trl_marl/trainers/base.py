@@ -57,6 +57,7 @@ from ..team import (
     render_prompt,
     resolve_formatters,
 )
+from ..zero3 import zero3_frozen_copy, zero3_init_enabled
 from .config import MultiAgentConfig
 
 __all__ = ["MultiAgentTrainer", "RolloutSampler"]
@@ -330,7 +331,9 @@ class MultiAgentTrainer(_BaseTrainer):
         devs = self.args.reference_devices
         refs = []
         for i, agent in enumerate(team.agents):
-            ref = copy.deepcopy(agent).eval()
+            # agents built inside deepspeed.zero.Init (zero3_init_flag) are copied partitioned (trl_marl.zero3)
+            ref = zero3_frozen_copy(agent) if zero3_init_enabled() else copy.deepcopy(agent)
+            ref = ref.eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
             if self.is_deepspeed_enabled:
