@@ -9,10 +9,12 @@ module copies empty placeholders.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from torch import nn
 
-__all__ = ["zero3_init_enabled", "zero3_frozen_copy"]
+__all__ = ["zero3_init_enabled", "zero3_frozen_copy", "hooks_removed", "gathered"]
 
 
 def zero3_init_enabled() -> bool:
@@ -51,3 +53,27 @@ def zero3_frozen_copy(module: nn.Module) -> nn.Module:
     for p in clone.parameters():
         p.requires_grad_(False)
     return clone
+
+
+@contextmanager
+def hooks_removed(engine) -> Iterator[None]:
+    """DeepSpeed's ZeRO-3 fetch/release hooks off for the block (TRL's `remove_hooks` / `add_hooks`), so that a
+    module gathered with `gathered` runs `generate` without a collective per layer and token."""
+    from trl.models.utils import add_hooks, remove_hooks
+
+    if not hasattr(engine, "optimizer"):  # not an engine yet (before training): no hooks to remove
+        yield
+        return
+    remove_hooks(engine)
+    try:
+        yield
+    finally:
+        add_hooks(engine)
+
+
+def gathered(module: nn.Module):
+    """The full parameters of ONE module for the block (`deepspeed.zero.GatheredParameters`; a no-op for a module
+    that is not partitioned). Every rank must enter it for the same module."""
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([p for p in module.parameters() if hasattr(p, "ds_id")])
