@@ -10,7 +10,7 @@
 | references | frozen copies for the reference-KL penalty (none for LoRA agents: the base with adapters off) | ZeRO-3, FSDP2 |
 | critics | separate critics of the actor-critic trainers, trained like the agents | as the agents |
 | reward model | the joint reward model MARLHF scores rollouts with (held whole on every rank) | none |
-| generation gather | full weights gathered for `generate`: ONE agent under FSDP2, the whole team under ZeRO-3 | (is the gather) |
+| generation gather | full weights of the ONE agent that generates (ZeRO-3, FSDP2) | (is the gather) |
 | KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows | none |
 | activations | every agent's forward graph of one training step, kept until the one backward (logits included) | none |
 
@@ -207,10 +207,8 @@ def estimate(
     prompt = prompt_length or getattr(config, "max_prompt_length", None) or 512
     seq = prompt + int(config.max_new_tokens)
     kv = _kv_bytes(cfg, rows, seq, wb)
-    if engine == "fsdp2":
+    if engine in ("zero3", "fsdp2"):  # ONE agent (the shared base of a LoRA team) gathered at a time
         gather = (P if not shared else P + n * lora) * wb - math.ceil(P * wb / world_size)
-    elif engine == "zero3":
-        gather = weights_all - weights
     else:
         gather = 0
 

@@ -33,6 +33,10 @@ def main():
             run_equiv(which, os.path.join(out, which))
         _finish()
         return
+    if mode == "rss":
+        run_rss(out)
+        _finish()
+        return
     if mode.startswith("only="):  # a comma-separated list of trainers
         trainers, mode = tuple(mode[len("only=") :].split(",")), ""
     else:
@@ -131,6 +135,53 @@ def run_equiv(which, out):
     if trainer.accelerator.is_main_process:
         with open(os.path.join(out, "run_info.json"), "w") as f:
             json.dump({"num_processes": trainer.accelerator.num_processes, **gathered}, f)
+
+
+def run_rss(out):
+    """A model-shaped team (2 agents, hidden 512, 8 layers): two MAGRPO steps; each rank writes its RSS before the
+    trainer is built, its peak RSS, and the time of each training step."""
+    import resource
+    import time
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from trl_marl import MAGRPOConfig, MAGRPOTrainer
+    from trl_marl.testing import tiny_model_path
+
+    path = tiny_model_path(hidden_size=512, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8)
+    items = Dataset.from_list([{"prompt": f"Item {i}: say something about {w}."} for i, w in enumerate(WORDS)])
+    args = MAGRPOConfig(
+        output_dir=out,
+        num_generations=2,
+        rollout_buffer_size=2,
+        max_new_tokens=16,
+        max_steps=3,
+        seed=0,
+        learning_rate=1e-3,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        logging_steps=1,
+    )
+    with open("/proc/self/status") as f:
+        before = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    steps = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            steps.append(time.perf_counter() - self.t0)
+
+    trainer = MAGRPOTrainer(agent_model=path, reward_func=reward, args=args, train_dataset=items, callbacks=[Timer()])
+    trainer.train()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rank = trainer.accelerator.process_index
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"rss_rank{rank}.json"), "w") as f:
+        json.dump({"before": before, "peak": peak, "steps": steps, "timings": dict(trainer._timings)}, f)
 
 
 def record_gathers(trainer):

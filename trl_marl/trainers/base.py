@@ -74,6 +74,9 @@ from ..team import (
     render_prompt,
     resolve_formatters,
 )
+from ..zero3 import gathered as zero3_gathered
+from ..zero3 import hooks_removed as zero3_hooks_removed
+from ..zero3 import zero3_frozen_copy, zero3_init_enabled
 from .config import MultiAgentConfig
 from .names import accept_trl_names
 
@@ -398,7 +401,9 @@ class MultiAgentTrainer(_BaseTrainer):
         devs = self.args.reference_devices
         refs = []
         for i, agent in enumerate(team.agents):
-            ref = copy.deepcopy(agent).eval()
+            # agents built inside deepspeed.zero.Init (zero3_init_flag) are copied partitioned (trl_marl.zero3)
+            ref = zero3_frozen_copy(agent) if zero3_init_enabled() else copy.deepcopy(agent)
+            ref = ref.eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
             if self.is_deepspeed_enabled:
@@ -508,14 +513,19 @@ class MultiAgentTrainer(_BaseTrainer):
         self, prompts_per_agent: list[list[PromptText]], num_generations: int, greedy: bool = False
     ) -> list[GenerationOutput]:
         """Sample `num_generations` completions per prompt for every agent: ONE `generate` call per agent covering
-        all its prompts (prompt-major rows). Under ZeRO-3 the parameters are gathered once for the whole team; under
-        FSDP2 one agent at a time (`generate_with`). With `use_vllm`, the vLLM engines sample instead (after a weight
-        push when the agents have stepped)."""
+        all its prompts (prompt-major rows). Under ZeRO-3 and FSDP2 the full parameters of ONE agent at a time are
+        gathered, for its whole call (`generate_with`). With `use_vllm`, the vLLM engines sample instead (after a
+        weight push when the agents have stepped)."""
         if getattr(self, "vllm_generation", None) is not None:
             return self.vllm_generation.generate(prompts_per_agent, num_generations, greedy)
+        zero3 = self._zero3()
         with (
             torch.no_grad(),
-            unwrap_model_for_generation(self.model_wrapped, self.accelerator) as team,
+            # ZeRO-3: no whole-team gather; each agent is gathered for its own call (generate_with)
+            unwrap_model_for_generation(
+                self.model_wrapped, self.accelerator, gather_deepspeed3_params=not zero3
+            ) as team,
+            zero3_hooks_removed(self.model_wrapped) if zero3 else nullcontext(),
         ):
             if team.shared_base:
                 return self._generate_shared(team, prompts_per_agent, num_generations, greedy)
@@ -546,7 +556,7 @@ class MultiAgentTrainer(_BaseTrainer):
         pm = team.shared
         was_training = pm.training
         pm.eval()
-        gathered = gathered_for_generation(pm, self.model) if is_fsdp2(self.accelerator) else nullcontext()
+        gathered = self._gathered_for_generation(pm)
         try:
             with gathered:
                 out = mixed_adapter_generate(
@@ -590,13 +600,9 @@ class MultiAgentTrainer(_BaseTrainer):
         encoded = [self._encode_prompts(tok, prompts) for tok, prompts in zip(tokenizers, prompts_per_agent)]
         configs = [self._generation_config(i, G, tokenizers[i], eos_ids[i], greedy) for i in range(len(models))]
 
-        fsdp_root = self.model if is_fsdp2(self.accelerator) else None
-
         def run(i: int) -> torch.Tensor:
-            if fsdp_root is not None:  # gather this agent only, for the whole generate call
-                with gathered_for_generation(models[i], fsdp_root):
-                    return _run(i)
-            return _run(i)
+            with self._gathered_for_generation(models[i]):  # this agent only, for the whole generate call
+                return _run(i)
 
         def _run(i: int) -> torch.Tensor:
             model, (ids, mask) = models[i], encoded[i]
@@ -621,6 +627,17 @@ class MultiAgentTrainer(_BaseTrainer):
         else:
             completions = [run(i) for i in range(len(models))]
         return [self._decode(tokenizers[i], encoded[i], completions[i], eos_ids[i], G) for i in range(len(models))]
+
+    def _zero3(self) -> bool:
+        return self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+
+    def _gathered_for_generation(self, model: torch.nn.Module):
+        """The full parameters of `model` (one agent) for its `generate` call under FSDP2 / ZeRO-3; else nothing."""
+        if is_fsdp2(self.accelerator):
+            return gathered_for_generation(model, self.model)
+        if self._zero3():
+            return zero3_gathered(model)
+        return nullcontext()
 
     def _encode_prompts(self, tok, prompts: list[PromptText]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids and mask (no special tokens after a chat template), cut to `max_prompt_length`."""
