@@ -2,6 +2,7 @@
 
     python benchmarks/throughput.py --vllm                       # in a venv with vLLM (see docs/vllm.md)
     python benchmarks/throughput.py --vllm --models tiny --tokens 16 --steps 5
+    python benchmarks/throughput.py --vllm --models tiny --tokens 16 --lora  # + shared-base LoRA team: 1 vs n engines
     python benchmarks/throughput.py --vllm --device cuda --dtype bfloat16 --models qwen0.5b   # benchmarks/gpu_check.sh
 
 Every configuration (model shape x new tokens x backend) runs MAGRPO with 2 agents, 8 prompts per step, G=4, in its
@@ -57,7 +58,13 @@ def run_one(args) -> dict:
     path = tiny_model_path(**SHAPES[args.models[0]])
     P, total = args.prompts_per_step, args.warmup + args.steps
     data = Dataset.from_list([{"prompt": p} for p in story_prompts(max(64, P * total))])
-    use_vllm = args.backend == "vllm"
+    use_vllm = args.backend != "hf"
+    lora = args.backend in ("vllm_lora", "vllm_merged")
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     cfg = MAGRPOConfig(
         output_dir=str(ROOT / "outputs" / "bench_vllm"),
         num_agents=2,
@@ -77,17 +84,22 @@ def run_one(args) -> dict:
         use_vllm=use_vllm,
         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
         vllm_max_model_length=512,
+        share_base_model=lora,
+        vllm_enable_lora=args.backend == "vllm_lora",
     )
 
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.times, self.t0 = [], None
 
+        cpu: list = []
+
         def on_step_begin(self, a, state, control, **kw):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, a, state, control, **kw):
             self.times.append(time.perf_counter() - self.t0)
+            self.cpu.append(time.process_time() - self.c0)
             if state.global_step == args.warmup:  # steady state from here
                 trainer._timing_acc.clear()
                 trainer._tokens_seen = 0
@@ -105,6 +117,7 @@ def run_one(args) -> dict:
         train_dataset=data,
         callbacks=[timer],
         model_config=model_config,
+        peft_config=peft_config,
     )
     init_s = time.perf_counter() - t0
     original = trainer._record_rollout_metrics
@@ -116,6 +129,16 @@ def run_one(args) -> dict:
         original(rollout, mode)
 
     trainer._record_rollout_metrics = count_tokens
+    gen_cpu = []  # process CPU seconds of each `generate` call (stable under other load, unlike wall time)
+    generate = trainer.generate
+
+    def timed_generate(*a, **kw):
+        c0 = time.process_time()
+        out = generate(*a, **kw)
+        gen_cpu.append(time.process_time() - c0)
+        return out
+
+    trainer.generate = timed_generate
     trainer.train()
     n = args.steps
     times = timer.times[args.warmup :]
@@ -127,6 +150,8 @@ def run_one(args) -> dict:
         "steps": n,
         "step_s": statistics.fmean(times),
         "step_s_median": statistics.median(times),
+        "step_cpu_s": statistics.fmean(timer.cpu[args.warmup :]),
+        "generation_cpu_s": sum(gen_cpu[args.warmup :]) / n,  # one generate call per step (1 turn, no greedy)
         "phase_s_per_step": phases,
         "generation_s": phases.get("generation", 0.0),
         "tokens_per_s": trainer._tokens_seen / sum(times),
@@ -152,12 +177,17 @@ def run_one(args) -> dict:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--backend", choices=["hf", "vllm", "vllm_lora", "vllm_merged"], default="hf")
+    p.add_argument(
+        "--lora",
+        action="store_true",
+        help="also compare, for a shared-base LoRA team (r=8), ONE multi-LoRA engine with one engine per agent",
+    )
     p.add_argument("--models", nargs="+", default=["tiny", "model"], choices=list(SHAPES))
     p.add_argument("--tokens", nargs="+", type=int, default=[16, 128])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (vLLM's CPU engine uses the same)")
     p.add_argument("--num_generations", type=int, default=4)
     p.add_argument("--prompts_per_step", type=int, default=8)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -197,15 +227,44 @@ def main(argv=None) -> dict:
                     "vllm": vl,
                     "generation_speedup": hf["generation_s"] / vl["generation_s"],
                     "step_speedup": hf["step_s"] / vl["step_s"],
+                    "generation_cpu_speedup": hf["generation_cpu_s"] / vl["generation_cpu_s"],
+                    "step_cpu_speedup": hf["step_cpu_s"] / vl["step_cpu_s"],
                 }
             )
             print(
                 f"{model:9s} {tokens:4d} tok | generation hf {hf['generation_s']:.3f}s vllm {vl['generation_s']:.3f}s "
                 f"x{rows[-1]['generation_speedup']:.2f} | step hf {hf['step_s']:.3f}s vllm {vl['step_s']:.3f}s "
-                f"x{rows[-1]['step_speedup']:.2f} | sync {vl['weight_sync_s']:.3f}s gap-scoring "
+                f"x{rows[-1]['step_speedup']:.2f} | CPU s: generation x{rows[-1]['generation_cpu_speedup']:.2f} "
+                f"step x{rows[-1]['step_cpu_speedup']:.2f} | sync {vl['weight_sync_s']:.3f}s gap-scoring "
                 f"{vl['logprob_gap_scoring_s']:.3f}s startup {vl['engine_startup_s']:.1f}s",
                 flush=True,
             )
+    lora_rows = []
+    if args.lora:
+        model, tokens = args.models[0], args.tokens[0]
+        pair = {}
+        for backend in ("vllm_merged", "vllm_lora"):
+            extra = ["--backend", backend, "--models", model, "--tokens", str(tokens)]
+            pair[backend] = run_child(__file__, [*common, *extra])
+        one, per_agent = pair["vllm_lora"], pair["vllm_merged"]
+        lora_rows.append(
+            {
+                "model": model,
+                "tokens": tokens,
+                "one_lora_engine": one,
+                "engine_per_agent": per_agent,
+                "generation_speedup": per_agent["generation_s"] / one["generation_s"],
+                "step_speedup": per_agent["step_s"] / one["step_s"],
+                "generation_cpu_speedup": per_agent["generation_cpu_s"] / one["generation_cpu_s"],
+            }
+        )
+        print(
+            f"LoRA team {model} {tokens} tok | generation per-agent engines {per_agent['generation_s']:.3f}s one "
+            f"engine {one['generation_s']:.3f}s x{lora_rows[-1]['generation_speedup']:.2f} | step "
+            f"x{lora_rows[-1]['step_speedup']:.2f} | generation CPU s x{lora_rows[-1]['generation_cpu_speedup']:.2f} | sync {per_agent['weight_sync_s']:.3f}s vs "
+            f"{one['weight_sync_s']:.3f}s",
+            flush=True,
+        )
     report = {
         "config": {
             "agents": 2,
@@ -220,6 +279,7 @@ def main(argv=None) -> dict:
         },
         "wall_s": time.perf_counter() - t_all,
         "results": rows,
+        "lora_team": lora_rows,
     }
     write_json(Path(args.output), report)
     print(f"written to {args.output}")

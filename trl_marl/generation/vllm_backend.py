@@ -419,7 +419,8 @@ class VLLMTeamGeneration:
         outputs = [self._to_output(i, prompt_ids[i], per_agent[i]) for i in range(len(prompt_ids))]
         if self.enable_sleep_mode:
             self._sleep()
-        if trainer.model.training and not greedy:
+        # the gap metric costs one no-grad forward per agent: only on rollouts whose step will be logged
+        if trainer.model.training and not greedy and trainer._will_log():
             t1 = time.perf_counter()
             self._record_logprob_gap(outputs)
             self.gap_seconds += time.perf_counter() - t1
