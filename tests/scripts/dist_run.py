@@ -176,12 +176,15 @@ def run_rss(out):
             steps.append(time.perf_counter() - self.t0)
 
     trainer = MAGRPOTrainer(agent_model=path, reward_func=reward, args=args, train_dataset=items, callbacks=[Timer()])
+    built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak while loading and building
     trainer.train()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rank = trainer.accelerator.process_index
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rss_rank{rank}.json"), "w") as f:
-        json.dump({"before": before, "peak": peak, "steps": steps, "timings": dict(trainer._timings)}, f)
+        json.dump(
+            {"before": before, "built": built, "peak": peak, "steps": steps, "timings": dict(trainer._timings)}, f
+        )
 
 
 def record_gathers(trainer):
