@@ -473,3 +473,29 @@ def test_recipe_runs_with_tiny_defaults(tmp_path, tiny_path, name):
     assert trainer.args.learning_rate == 3e-3  # the tiny defaults apply
     folder = "critic" if name != "iac" else "critic_1"
     assert (out / folder / "value_head.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "trainer, cfg, critic",
+    [(MAACTrainer, MAACConfig, True), (IACTrainer, IACConfig, False), (MAPPOTrainer, MAPPOConfig, True)],
+    ids=["maac-critic", "iac-value-heads", "mappo-critic"],
+)
+def test_fresh_heads_are_seeded_by_args_seed_not_the_global_rng(tiny_path, make_args, items, trainer, cfg, critic):
+    """Critics' and value heads' new heads are drawn from the "critic_init" stream of `args.seed`. They are built
+    before the Trainer seeds anything, so they used to follow whatever the global RNG held: two trainers built from
+    the same args after different `torch.manual_seed` calls now have identical heads; another `seed`, other heads."""
+
+    def heads(global_seed: int, **overrides):
+        torch.manual_seed(global_seed)
+        kw = {"critic_model": tiny_path} if critic else {}
+        args = make_args(cfg, **overrides) if critic else make_args(cfg, use_separate_critic=False, **overrides)
+        t = trainer(agent_model=tiny_path, reward_func=shared_reward, args=args, train_dataset=items, **kw)
+        modules = [c.value_head for c in t.team.critics] if critic else list(t.team.value_heads)
+        return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
+
+    a, b = heads(1), heads(2)
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    other = heads(1, seed=make_args(cfg).seed + 1)
+    assert not torch.equal(other[0]["out.weight"], a[0]["out.weight"])

@@ -139,3 +139,55 @@ def test_iterative_resume_from_checkpoint_true(iterative_checkpoint, tiny_path):
     assert t.state.global_step == done.state.global_step
     for a, b in zip(done.team.parameters(), t.team.parameters()):
         assert torch.equal(a, b)
+
+
+def _team_json(**overrides):
+    description = {
+        "algorithm": "MAGRPO",
+        "num_agents": 2,
+        "agents": [{"folder": "agent_1", "role": "writer"}, {"folder": "agent_2", "role": "critic"}],
+        "training_config": {"max_new_tokens": 8},
+    }
+    description.update(overrides)
+    return json.dumps(description)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (_team_json()[:40], r"team.json: truncated \(.*\); restore it"),
+        ("{'num_agents': 2}", r"team.json: not valid JSON"),
+        ("[1, 2]", "expected a JSON dict, found list"),
+        (_team_json(num_agents=None).replace('"num_agents": null, ', ""), "the field 'num_agents' is missing"),
+        (_team_json(agents="agent_1"), "the field 'agents' should be a list"),
+        (_team_json(num_agents=3), "'num_agents' is 3 but 'agents' lists 2 entries"),
+        (_team_json(agents=[{"folder": "agent_1"}, 7]), r"agents\[1\] should be an object"),
+        (
+            _team_json(agents=[{"folder": "agent_1"}, {"folder": "../../etc"}]),
+            r"agents\[1\].folder should be a folder",
+        ),
+        (_team_json(training_config=[1]), "the field 'training_config' should be a dict"),
+        (_team_json(hub={"layout": "per_agent", "agent_index": 5, "repo_ids": ["a/b", "a/c"]}), r"hub.agent_index"),
+    ],
+)
+def test_damaged_team_json_is_named(tmp_path, text, message):
+    """`AgentTeam.from_pretrained` (and the card / push code, all through `read_team_description`) refuses a damaged
+    `team.json` with an error naming the file and what to do (was a bare `JSONDecodeError` / `KeyError` / `TypeError`,
+    or a path outside the team folder)."""
+    from trl_marl.hub import AgentTeam
+
+    (tmp_path / "team.json").write_text(text)
+    for i in (1, 2):
+        (tmp_path / f"agent_{i}").mkdir()
+    with pytest.raises(CorruptedStateError, match=message) as err:
+        AgentTeam.from_pretrained(str(tmp_path))
+    assert str(tmp_path / "team.json") in str(err.value) and "save the team again" in str(err.value)
+
+
+def test_team_json_listing_missing_agent_folders_is_named(tmp_path):
+    from trl_marl.hub import AgentTeam
+
+    (tmp_path / "team.json").write_text(_team_json())
+    (tmp_path / "agent_1").mkdir()
+    with pytest.raises(CorruptedStateError, match=r"team.json: it lists agent folders that are missing .*'agent_2'"):
+        AgentTeam.from_pretrained(str(tmp_path))

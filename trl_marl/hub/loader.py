@@ -12,12 +12,14 @@ import huggingface_hub
 from huggingface_hub.errors import RepositoryNotFoundError
 
 from ..import_utils import require_extra
+from ..state_files import CorruptedStateError
 from ..team import eos_token_ids, render_prompt
 from .cards import write_model_cards
 from .push import push_team_to_hub
 from .settings import (
     DOWNLOAD_IGNORE,
     TEAM_FILE,
+    TEAM_FILE_FIX,
     _adapter_config,
     _agent_entries,
     agent_repo_id,
@@ -70,10 +72,10 @@ def _resolve_team(
 def _team_from_folder(folder: str, revision, token, cache_dir) -> tuple[list[str], dict]:
     description = read_team_description(folder)
     if _is_agent_folder(folder):
-        hub = (description or {}).get("hub") or {}
-        if hub.get("layout") == "per_agent" and len(hub.get("repo_ids", [])) > 1:
+        hub = (description or {}).get("hub") or {}  # checked by read_team_description
+        if hub.get("layout") == "per_agent" and len(hub["repo_ids"]) > 1:
             # one agent of a per-agent team: fetch its teammates' repos
-            me = int(hub.get("agent_index", 0))
+            me = hub["agent_index"]
             folders = [
                 folder if j == me else _download(r, revision, token, cache_dir) for j, r in enumerate(hub["repo_ids"])
             ]
@@ -85,9 +87,13 @@ def _team_from_folder(folder: str, revision, token, cache_dir) -> tuple[list[str
             "adapter_config.json)"
         )
     folders = [os.path.join(folder, e["folder"]) for e in _agent_entries(description)]
-    missing = [f for f in folders if not os.path.isdir(f)]
+    missing = [os.path.basename(f) for f in folders if not os.path.isdir(f)]
     if missing:
-        raise FileNotFoundError(f"{TEAM_FILE} of {folder} lists agent folders that are missing: {missing}")
+        raise CorruptedStateError(
+            os.path.join(folder, TEAM_FILE),
+            f"it lists agent folders that are missing beside it: {missing}",
+            "download or copy the whole team folder (every agent_i/ with team.json), or " + TEAM_FILE_FIX,
+        )
     return folders, description
 
 

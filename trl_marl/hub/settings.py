@@ -160,13 +160,83 @@ def _adapter_config(folder: str | os.PathLike | None) -> dict | None:
         return json.load(f)
 
 
+TEAM_FILE_FIX = (
+    "restore it from the Hub repo or a checkpoint, or save the team again (trainer.save_model() or "
+    "AgentTeam.save_pretrained)"
+)
+# Optional top-level fields of `team.json` and the JSON types they must have (None is always allowed).
+_TEAM_OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
+    "algorithm": (str,),
+    "reward_func": (str,),
+    "joint_mode": (str,),
+    "num_turns": (int,),
+    "training_config": (dict,),
+    "paper": (dict,),
+    "tags": (list,),
+    "hub": (dict,),
+}
+_AGENT_FOLDER_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
 def read_team_description(folder: str | os.PathLike) -> dict | None:
-    """`team.json` of `folder`, or None when there is none."""
+    """`team.json` of `folder` (validated by `validate_team_description`), or None when there is none.
+
+    A truncated or invalid file, a missing or mistyped field raises `trl_marl.state_files.CorruptedStateError` naming
+    the file, what is wrong and what to do -- never a bare `JSONDecodeError` / `KeyError`."""
+    from ..state_files import read_json_state
+
     path = os.path.join(folder, TEAM_FILE)
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return validate_team_description(read_json_state(path, TEAM_FILE_FIX), path)
+
+
+def validate_team_description(description: dict, path: str) -> dict:
+    """Check the fields of a `team.json` read from `path`: `num_agents` (a positive int), `agents` (one object per
+    agent; `folder` a plain folder name inside the team folder, `role` / `source` / `formatter` strings), the optional
+    fields' types, and the `hub` entry of a per-agent repo (`layout`, `agent_index` in range of `repo_ids`).
+    Returns `description`; raises `CorruptedStateError` otherwise."""
+    from ..state_files import CorruptedStateError, require
+
+    fix = TEAM_FILE_FIX
+    n = require(description, "num_agents", int, path, fix)
+    if n < 1:
+        raise CorruptedStateError(path, f"the field 'num_agents' should be at least 1, found {n}", fix)
+    agents = require(description, "agents", list, path, fix)
+    if len(agents) != n:
+        raise CorruptedStateError(path, f"'num_agents' is {n} but 'agents' lists {len(agents)} entries", fix)
+    for i, entry in enumerate(agents):
+        if not isinstance(entry, dict):
+            raise CorruptedStateError(path, f"agents[{i}] should be an object, found {entry!r:.80}", fix)
+        for key in ("folder", "role", "source", "formatter"):
+            if entry.get(key) is not None and not isinstance(entry[key], str):
+                raise CorruptedStateError(path, f"agents[{i}].{key} should be a string, found {entry[key]!r:.80}", fix)
+        name = entry.get("folder")
+        if name is not None and (not _AGENT_FOLDER_NAME.match(name) or name in (".", "..")):
+            # a downloaded team.json must not point outside its own folder
+            raise CorruptedStateError(
+                path, f"agents[{i}].folder should be a folder name inside the team folder, found {name!r:.80}", fix
+            )
+    for key, kinds in _TEAM_OPTIONAL_FIELDS.items():
+        value = description.get(key)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise CorruptedStateError(path, f"the field {key!r} should be a {names}, found {value!r:.80}", fix)
+    hub = description.get("hub")
+    if hub is not None:
+        layout = hub.get("layout")
+        if layout not in HUB_TEAM_LAYOUTS:
+            raise CorruptedStateError(
+                path, f"hub.layout should be one of {list(HUB_TEAM_LAYOUTS)}, found {layout!r:.80}", fix
+            )
+        if layout == "per_agent":
+            repo_ids = require(hub, "repo_ids", list, path, fix)
+            if len(repo_ids) != n or not all(isinstance(r, str) and r for r in repo_ids):
+                raise CorruptedStateError(path, f"hub.repo_ids should list {n} repo ids, found {repo_ids!r:.120}", fix)
+            index = require(hub, "agent_index", int, path, fix)
+            if not 0 <= index < n:
+                raise CorruptedStateError(path, f"hub.agent_index should be in [0, {n}), found {index}", fix)
+    return description
 
 
 # Top-level entries a team save writes (`MultiAgentTrainer._save`): agent, critic and reward-model folders. A re-used

@@ -93,6 +93,7 @@ __all__ = [
     "load_humaneval",
     "prepare_problem",
     "split_problems",
+    "trusted_problem",
 ]
 
 AUX_NAME = "aux"
@@ -359,9 +360,31 @@ def _prepare(problem: str, entry_point: str, test: str) -> PreparedProblem:
     )
 
 
+TRUSTED_COLUMNS = ("problem", "entry_point", "test")
+
+
+def trusted_problem(item: dict) -> str:
+    """The item's trusted problem text: its `problem` column (the original problem prompt, which transitions never
+    replace). Fails closed: there is no fallback to `item["prompt"]`, which in later turns is a prompt built from the
+    agents' own code, and the problem's context runs UNSANDBOXED in the trainer's process (see the module docstring).
+    """
+    missing = [c for c in TRUSTED_COLUMNS if not isinstance(item.get(c), str) or not item[c].strip()]
+    if missing:
+        task = f" {item['task_id']!r}" if "task_id" in item else ""
+        raise ValueError(
+            f"the code task's item{task} lacks the trusted column(s) {missing} (non-empty strings; `problem` is the "
+            "original problem prompt, a copy the multi-turn transition never replaces, whose context and tests run "
+            "in the trainer's process). `code_datasets()` provides them; for your own data add them from the "
+            "source data, e.g. dataset.map(lambda x: {'problem': x['prompt']}) on the ORIGINAL dataset -- never "
+            "from a later turn's prompt"
+        )
+    return item["problem"]
+
+
 def prepare_problem(item: dict) -> PreparedProblem:
-    """Split a HumanEval-style item (`problem` or `prompt`, `entry_point`, `test`) into a `PreparedProblem`."""
-    return _prepare(item.get("problem") or item["prompt"], item["entry_point"], item["test"])
+    """Split a HumanEval-style item (`problem`, `entry_point`, `test`: the trusted columns, `trusted_problem`) into a
+    `PreparedProblem`."""
+    return _prepare(trusted_problem(item), item["entry_point"], item["test"])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -701,7 +724,7 @@ class CodeEvaluator:
     @staticmethod
     def _key(item: dict, aux_text: str, main_text: str) -> tuple:
         digest = hashlib.sha256(
-            "\0".join([item.get("problem") or item["prompt"], item["entry_point"], item["test"]]).encode()
+            "\0".join([trusted_problem(item), item["entry_point"], item["test"]]).encode()
         ).hexdigest()
         return digest, aux_text, main_text
 
@@ -840,7 +863,7 @@ _MAIN_OUTPUT = (
 
 
 def _instructions(agent: int, item: dict) -> str:
-    fmt = {"entry": item["entry_point"], "problem": (item.get("problem") or item["prompt"]).strip("\n")}
+    fmt = {"entry": item["entry_point"], "problem": trusted_problem(item).strip("\n")}
     return (_AUX_INSTRUCTIONS if agent == 0 else _MAIN_INSTRUCTIONS).format(**fmt)
 
 

@@ -288,7 +288,14 @@ class MultiAgentTrainer(_BaseTrainer):
                 models = wrap_agents_with_peft(models, peft_config, names)
         self.tokenizers = load_tokenizers(tokenizer, names, n, sources)
         self.peft_config = peft_config
-        team = self._build_team(models, names, args) if shared is None else TeamModel(models, names, shared=shared)
+        if shared is None:
+            # Critics' and value heads' fresh weights are drawn here, before the Trainer seeds anything: draw them
+            # from the "critic_init" stream of `args.seed` (rank 0 on every process: identical heads everywhere), so
+            # the same seed builds the same heads whatever the global RNG holds, and the global RNG is left as found.
+            with RNGStreams(args.seed).scoped("critic_init"):
+                team = self._build_team(models, names, args)
+        else:
+            team = TeamModel(models, names, shared=shared)
         team.temperature = args.temperature  # log-probs of sampled completions are taken on logits / temperature
         if args.parallel_training == "mp":
             devices = args.agent_devices * n if len(args.agent_devices) == 1 else args.agent_devices
