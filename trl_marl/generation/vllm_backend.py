@@ -420,11 +420,20 @@ class VLLMTeamGeneration:
         if self.enable_sleep_mode:
             self._sleep()
         # the gap metric costs one no-grad forward per agent: only on rollouts whose step will be logged
-        if trainer.model.training and not greedy and trainer._will_log():
+        if trainer.model.training and not greedy and self._logging_rollout():
             t1 = time.perf_counter()
             self._record_logprob_gap(outputs)
             self.gap_seconds += time.perf_counter() - t1
         return outputs
+
+    def _logging_rollout(self) -> bool:
+        """Whether the step this rollout feeds will be logged (`logging_steps` from the config: the Trainer's state
+        holds it only once its loop runs, and collection phases sample before that)."""
+        args = self.trainer.args
+        every = args.logging_steps
+        if str(getattr(args.logging_strategy, "value", args.logging_strategy)) != "steps" or not every or every < 1:
+            return True
+        return (self.trainer.state.global_step + 1) % int(every) == 0
 
     def _to_output(self, i: int, prompt_ids: list[list[int]], results: list) -> GenerationOutput:
         """One agent's rows: completions cut after their first EOS, their text, prompt ids and vLLM's log-probs."""
