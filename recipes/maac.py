@@ -15,7 +15,7 @@ from trl_marl.cli.recipes import run_command
 
 
 def main(argv=None):
-    return run_command("maac", argv)
+    return run_command("maac", argv, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from trl_marl.cli.recipes import run_command
 
 
 def main(argv=None):
-    return run_command("madpo", argv)
+    return run_command("madpo", argv, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from trl_marl.cli.recipes import run_command
 
 
 def main(argv=None):
-    return run_command("marlhf", argv)
+    return run_command("marlhf", argv, description=__doc__)
 
 
 if __name__ == "__main__":

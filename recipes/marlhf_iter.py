@@ -12,7 +12,7 @@ from trl_marl.cli.recipes import run_command
 
 
 def main(argv=None):
-    return run_command("marlhf-iter", argv)
+    return run_command("marlhf-iter", argv, description=__doc__)
 
 
 if __name__ == "__main__":

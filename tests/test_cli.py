@@ -339,6 +339,7 @@ def test_resume_and_push_flags_reach_the_trainer(tmp_path, tiny_path):
     class FakeTrainer:
         def __init__(self, **kwargs):
             self.kwargs, self.accelerator = kwargs, NS(is_main_process=True, num_processes=1)
+            self.state, self.num_agents = NS(global_step=2), 2
 
         def evaluate_reward(self):
             return {"eval_reward": 0.25}

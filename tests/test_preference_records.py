@@ -28,7 +28,7 @@ RECORD = {
 @pytest.fixture
 def madpo(make_args, items, tiny_path):
     def build(pairs=None, cls=MADPOTrainer, cfg=MADPOConfig, **kw):
-        kw = {"preference_num_candidates": 3, "max_steps": 1, "per_device_train_batch_size": 2, **kw}
+        kw = {"preference_num_candidates": 3, "max_steps": 1, "train_batch_size": 2, **kw}
         args = make_args(cfg, **kw)
         return cls(
             agent_model=tiny_path,

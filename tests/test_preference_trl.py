@@ -248,7 +248,7 @@ def test_trl_pieces_exist_in_the_installed_trl():
 def test_madpo_beta_and_dpo_beta_alias(make_args):
     assert make_args(MADPOConfig).beta == 0.1
     assert make_args(MADPOConfig, beta=0.3).dpo_beta == 0.3
-    with pytest.warns(FutureWarning, match="dpo_beta is deprecated"):
+    with pytest.warns(FutureWarning, match="`dpo_beta` is deprecated; use `beta`"):
         args = make_args(MADPOConfig, dpo_beta=0.2)
     assert args.beta == args.dpo_beta == 0.2
     assert make_args(MADPOConfig, loss_type="hinge").loss_type == ["hinge"]

@@ -41,7 +41,13 @@ def test_recipe_sets_the_greedy_baseline(monkeypatch, tmp_path):
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     built = {}
-    monkeypatch.setattr(recipe, "run_recipe", lambda cls, script_args, config: built.update(cls=cls, config=config))
+    import trl_marl.cli.recipes  # the recipe script is a thin call into the `trl-marl` command's code
+
+    monkeypatch.setattr(
+        trl_marl.cli.recipes,
+        "run_recipe",
+        lambda cls, script_args, config, extra_trainer_kwargs=None: built.update(cls=cls, config=config),
+    )
     recipe.main(["--baseline", "max", "--remax_baseline", "greedy", "--output_dir", str(tmp_path)])
     assert built["cls"] is MAReMaxTrainer and built["config"].remax_baseline == "greedy"
     assert built["config"].advantage_normalization is False

@@ -148,8 +148,9 @@ def make_parser(name: str, prog: str | None = None):
     return TrlParser((recipe.script_args, recipe.config_class()), prog=prog or f"trl-marl {name}")
 
 
-def run_command(name: str, argv: list[str] | None = None) -> Any:
-    """Parse `argv` (default: `sys.argv[1:]`) for the recipe `name`, then train; returns the trainer."""
+def run_command(name: str, argv: list[str] | None = None, description: str | None = None) -> Any:
+    """Parse `argv` (default: `sys.argv[1:]`) for the recipe `name`, then train; returns the trainer. `description`
+    heads `--help` (a recipe script passes its own docstring; default: the command's one-line help)."""
     if name not in RECIPES:
         raise ValueError(f"unknown command {name!r}; commands: {sorted(RECIPES)}")
     recipe = RECIPES[name]
@@ -160,6 +161,7 @@ def run_command(name: str, argv: list[str] | None = None) -> Any:
         script_args_cls=recipe.script_args,
         tiny_defaults=recipe.tiny_defaults,
         prog=f"trl-marl {name}",
+        description=description or f"trl-marl {name}: {recipe.help}.",
     )
     trainer_cls = recipe.trainer_class()
     baseline = getattr(script_args, "baseline", "mean")
