@@ -64,6 +64,27 @@ def cpu_args(config_cls, tmp_path, **overrides):
     return config_cls(**defaults)
 
 
+def letters_reward(c1, c2):
+    """A 2-agent team reward a tiny model can move: the number of vowels in the joint response."""
+    return [float(sum(ch in "aeiou" for ch in a + b)) for a, b in zip(c1, c2)]
+
+
+def iterative_args(tmp_path, config_cls, **overrides):
+    """A config of an iterative trainer for fast CPU tests: two rounds; each test states what else differs."""
+    defaults = dict(
+        output_dir=str(tmp_path / "out"),
+        learning_rate=1e-3,
+        num_rounds=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+    defaults.update(overrides)
+    return config_cls(**defaults)
+
+
 @pytest.fixture
 def make_args(tmp_path):
     def _make(config_cls=None, **overrides):

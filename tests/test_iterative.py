@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 import torch
+from conftest import iterative_args, letters_reward
 from datasets import Dataset
 from safetensors.torch import load_file
 
@@ -18,28 +19,9 @@ from trl_marl.trainers.preference.iterative import read_round_file, write_round_
 from trl_marl.trainers.preference.pairs import select_aligned_pairs
 
 
-def letters_reward(c1, c2):
-    return [float(sum(ch in "aeiou" for ch in a + b)) for a, b in zip(c1, c2)]
-
-
 def iter_args(tmp_path, cls=MADPOIterConfig, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        max_new_tokens=6,
-        rollout_buffer_size=4,
-        preference_num_candidates=3,
-        train_batch_size=4,
-        learning_rate=1e-3,
-        num_iterations=2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-        eval_num_samples=2,
-    )
-    base.update(kw)
-    return cls(**base)
+    base = dict(max_completion_length=6, rollout_buffer_size=4, preference_num_candidates=3, train_batch_size=4)
+    return iterative_args(tmp_path, cls, **{**base, "eval_num_samples": 2, **kw})
 
 
 def record_reward_models(trainer) -> list:
@@ -97,7 +79,7 @@ def test_round_file_is_written_atomically(tmp_path):
         ({"preference_replay_mode": "fifo"}, "Unknown replay mode 'fifo'"),
         ({"preference_replay_sample_size": 8}, "preference_replay_sample_size"),
         ({"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5}, "preference_replay_lambda"),
-        ({"num_iterations": 0}, "num_rounds must be >= 1"),
+        ({"num_rounds": 0}, "num_rounds must be >= 1"),
         ({"comparator_history_k": 2}, "comparator_history_k only applies"),
         ({"num_turns": 2}, "needs num_turns=1"),
     ],
@@ -183,9 +165,7 @@ def test_centralized_comparator_parses_and_drops_malformed(tmp_path):
 
 
 def test_history_comparator_reaches_back_k_rounds(tmp_path, small_items, tiny_path):
-    args = iter_args(
-        tmp_path, comparator_policy="history", comparator_history_k=2, num_iterations=3, learning_rate=5e-2
-    )
+    args = iter_args(tmp_path, comparator_policy="history", comparator_history_k=2, num_rounds=3, learning_rate=5e-2)
     t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
     used = []
     original = t.comparator.prepare
@@ -316,7 +296,7 @@ def test_api_comparator_in_a_run_never_writes_the_key(tmp_path, small_items, tin
         args = iter_args(
             tmp_path,
             comparator_policy="api",
-            num_iterations=1,
+            num_rounds=1,
             save_strategy="steps",
             comparator_api_url=f"http://127.0.0.1:{server.server_address[1]}/generate",
             comparator_api_key_env="ACME_KEY",
@@ -347,7 +327,7 @@ def test_kill_after_round_two_and_resume_gives_the_same_round_three(tmp_path, sm
         agent_model=tiny_path,
         reward_func=letters_reward,
         train_dataset=small_items,
-        args=iter_args(tmp_path / "full", num_iterations=3, **common),
+        args=iter_args(tmp_path / "full", num_rounds=3, **common),
     )
     full.train()
     # the "killed" run stops after round 2 (its round-2 checkpoint is what a kill leaves behind)
@@ -355,7 +335,7 @@ def test_kill_after_round_two_and_resume_gives_the_same_round_three(tmp_path, sm
         agent_model=tiny_path,
         reward_func=letters_reward,
         train_dataset=small_items,
-        args=iter_args(tmp_path / "killed", num_iterations=2, **common),
+        args=iter_args(tmp_path / "killed", num_rounds=2, **common),
     )
     killed.train()
     ckpt = sorted((tmp_path / "killed" / "out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
@@ -363,7 +343,7 @@ def test_kill_after_round_two_and_resume_gives_the_same_round_three(tmp_path, sm
         agent_model=tiny_path,
         reward_func=letters_reward,
         train_dataset=small_items,
-        args=iter_args(tmp_path / "killed", num_iterations=3, **common),
+        args=iter_args(tmp_path / "killed", num_rounds=3, **common),
     )
     resumed.train(resume_from_checkpoint=str(ckpt))
     assert resumed.completed_rounds == 3
@@ -384,7 +364,7 @@ def test_madpo_iter_improves_over_three_rounds(task_trainer):
         preference_num_candidates=4,
         train_batch_size=8,
         num_train_epochs=2,
-        num_iterations=3,
+        num_rounds=3,
     )
     t.train()
     after = t.state.log_history[-1]["eval_reward"]
@@ -427,7 +407,7 @@ def test_marlhf_iter_improves_over_three_rounds(task_trainer):
         # run's reward model at 0.62 pair accuracy in round 1 and the gain at +0.05..+0.13 across variants
         reward_num_train_epochs=2,
         reward_max_length=40,
-        num_iterations=3,
+        num_rounds=3,
         num_train_epochs=3,
     )
     t.train()

@@ -1,31 +1,15 @@
 """MARLHFIter / MADPOIter rounds: aligned on rollouts and optimizer steps, max_steps per round (issue 13)."""
 
 import pytest
+from conftest import iterative_args, letters_reward
 from datasets import Dataset
 
 from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 
 
-def letters_reward(c1, c2):
-    return [float(sum(ch in "aeiou" for ch in a + b)) for a, b in zip(c1, c2)]
-
-
 def _args(tmp_path, cls, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        max_new_tokens=4,
-        preference_num_candidates=2,
-        num_generations=2,
-        learning_rate=1e-3,
-        num_iterations=2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-    )
-    base.update(kw)
-    return cls(**base)
+    base = dict(max_completion_length=4, preference_num_candidates=2, num_generations=2)
+    return iterative_args(tmp_path, cls, **{**base, **kw})
 
 
 @pytest.mark.parametrize("ga, buffer", [(3, 2), (2, 3)])

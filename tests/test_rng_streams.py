@@ -1,36 +1,18 @@
 """One random stream per purpose (trl_marl.rng.RNGStreams) and its use by the trainers (issue 13)."""
 
 import torch
+from conftest import iterative_args, letters_reward
 from datasets import Dataset
 
 from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 from trl_marl.rng import RNGStreams
 
-
-def letters_reward(c1, c2):
-    return [float(sum(ch in "aeiou" for ch in a + b)) for a, b in zip(c1, c2)]
-
-
 ITEMS = Dataset.from_list([{"prompt": f"Say something about {w}."} for w in ["rain", "snow", "wind", "fire"]])
 
 
 def _args(tmp_path, cls, **kw):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        max_new_tokens=5,
-        rollout_buffer_size=2,
-        preference_num_candidates=2,
-        num_generations=2,
-        learning_rate=1e-3,
-        num_iterations=2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-    )
-    base.update(kw)
-    return cls(**base)
+    base = dict(max_completion_length=5, rollout_buffer_size=2, preference_num_candidates=2, num_generations=2)
+    return iterative_args(tmp_path, cls, **{**base, **kw})
 
 
 def test_streams_are_independent_reproducible_and_restorable():
