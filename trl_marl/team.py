@@ -48,6 +48,13 @@ class TeamConfig(PretrainedConfig):
         self.agent_names = agent_names or []
 
 
+def _activation_checkpointing(model: nn.Module) -> bool:
+    """Whether `model` checkpoints activations: `is_activation_checkpointing` (transformers >= 5.24), else the older
+    `is_gradient_checkpointing` (read only then: on newer models it warns)."""
+    value = getattr(model, "is_activation_checkpointing", None)
+    return bool(value) if value is not None else bool(getattr(model, "is_gradient_checkpointing", False))
+
+
 class TeamModel(nn.Module):
     """All agents of a team in one module (`self.agents[i]` is agent i+1's causal LM).
 
@@ -96,10 +103,7 @@ class TeamModel(nn.Module):
     # --- what Trainer / TRL helpers look for on a model ---
     @property
     def is_gradient_checkpointing(self) -> bool:
-        return any(
-            getattr(a, "is_activation_checkpointing", False) or getattr(a, "is_gradient_checkpointing", False)
-            for a in self._backbones()
-        )
+        return any(_activation_checkpointing(a) for a in self._backbones())
 
     @property
     def is_activation_checkpointing(self) -> bool:

@@ -186,7 +186,7 @@ class JointRewardModel(nn.Module):
             bf16=False,
         )
         config.update(reward_config)
-        with _rng_preserved():
+        with _rng_preserved(), _accelerate_state_preserved():
             trainer = RewardTrainer(
                 model=self.model, args=RewardConfig(**config), train_dataset=dataset, processing_class=self.tokenizer
             )
@@ -248,3 +248,21 @@ def _rng_preserved():
         torch.set_rng_state(states[0])
         random.setstate(states[1])
         np.random.set_state(states[2])
+
+
+@contextlib.contextmanager
+def _accelerate_state_preserved():
+    """Run a block that builds a nested Trainer (a stage) and give the outer run its accelerate state back.
+
+    `TrainingArguments` resets accelerate's process-wide shared state when it is built (e.g. with `use_cpu`), and the
+    nested `Accelerator` re-fills it for the stage; the outer trainer's `Accelerator` reads that same shared state
+    afterwards (its FSDP plugin, distributed type, gradient accumulation). Snapshot and restore it."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    saved = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
+    try:
+        yield
+    finally:
+        for cls, state in saved:
+            cls._shared_state.clear()
+            cls._shared_state.update(state)
