@@ -86,6 +86,12 @@ def test_env_prints_versions(capsys):
     assert "- trl_marl: " in out and "- trl: " in out and "- transformers: " in out and "- torch: " in out
 
 
+def test_estimate_command_prints_the_memory_model(tiny_path, capsys):
+    """`trl-marl estimate` is `python -m trl_marl.memory` (its usage line promised the command)."""
+    assert cli_main(["estimate", tiny_path, "--num_agents", "2", "--world_size", "2", "--engine", "zero3"]) == 0
+    assert "engine=zero3 world_size=2" in capsys.readouterr().out
+
+
 def test_accelerate_config_relaunches_through_accelerate(monkeypatch):
     """`--accelerate_config NAME` and accelerate's own flags go to `accelerate launch`; the rest to the script."""
     import trl_marl.cli.launching as acc

@@ -5,6 +5,7 @@
         --reward_funcs trl.rewards:think_format_reward --use_peft --accelerate_config multi_gpu
     trl-marl maac --config run.yaml
     trl-marl env                                          # versions, for bug reports
+    trl-marl estimate MODEL --num_agents 2 --world_size 8 # per-rank memory per engine (trl_marl.memory)
 
 A training command runs in this process unless `--accelerate_config NAME|PATH` or `accelerate launch` flags
 (`--num_processes 2`, ...) are given: then it re-launches itself through `accelerate launch` (as `trl <algo>` does),
@@ -20,6 +21,8 @@ from argparse import ArgumentParser, RawDescriptionHelpFormatter
 from .recipes import RECIPES
 
 __all__ = ["main", "print_env"]
+
+TOOLS = ("env", "estimate")  # the commands that do not train
 
 
 def _split_accelerate_config(argv: list[str]) -> tuple[list[str], str | None]:
@@ -71,10 +74,11 @@ def _build_parser() -> ArgumentParser:
         formatter_class=RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join([*RECIPES, "env"]) + "}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join([*RECIPES, *TOOLS]) + "}")
     for recipe in RECIPES.values():
         sub.add_parser(recipe.name, help=f"train with {recipe.help}", add_help=False)
     sub.add_parser("env", help="print the versions of trl_marl and its stack (for bug reports)")
+    sub.add_parser("estimate", help="per-rank memory of a team for DDP / ZeRO-2 / ZeRO-3 / FSDP2", add_help=False)
     return parser
 
 
@@ -130,8 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     if command == "env":
         print_env()
         return 0
+    if command == "estimate":  # trl_marl.memory: `trl-marl estimate MODEL --num_agents 2 --engine zero3 ...`
+        from ..memory import main as estimate_main
+
+        return estimate_main(rest)
     if command not in RECIPES:
-        parser.error(f"unknown command {command!r}; choose from {', '.join([*RECIPES, 'env'])}")
+        parser.error(f"unknown command {command!r}; choose from {', '.join([*RECIPES, *TOOLS])}")
     rest, accelerate_config = _split_accelerate_config(rest)
 
     from .recipes import make_parser
