@@ -141,3 +141,20 @@ def task_trainer(tmp_path, tiny_path):
         return trainer, trainer.evaluate_reward()["eval_reward"]
 
     return build
+
+
+def launch_failure(proc, tail: int = 6000) -> str:
+    """The assertion message for a failed subprocess (`accelerate launch`, a recipe): the lines that name the
+    failure first (a rank's C++ `terminate`, a fatal signal with faulthandler's Python stacks, a traceback's last
+    line), then the tails of stdout and stderr. A tool that shows only the head and tail of a long message still
+    shows why a rank died."""
+    err = proc.stderr if isinstance(proc.stderr, str) else (proc.stderr or b"").decode(errors="replace")
+    out = proc.stdout if isinstance(proc.stdout, str) else (proc.stdout or b"").decode(errors="replace")
+    keys = ("terminate called", "what():", "Fatal Python error", "Error:", "Exception:", "Signal ", "exitcode")
+    lines = (out + "\n" + err).splitlines()
+    decisive = []
+    for i, line in enumerate(lines):
+        if any(k in line for k in keys):
+            decisive.extend(lines[max(0, i - 2) : i + 12] if "Fatal Python error" in line else [line])
+    head = "\n".join(dict.fromkeys(decisive))[-6000:]
+    return f"== decisive lines ==\n{head}\n== stdout tail ==\n{out[-3000:]}\n== stderr tail ==\n{err[-tail:]}"

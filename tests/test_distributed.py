@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import launch_failure
 from safetensors.torch import load_file
 
 from trl_marl.algorithms import group_advantages
@@ -33,7 +34,7 @@ def launch(config: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
         *extra,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, launch_failure(proc)
     return proc
 
 
@@ -110,7 +111,7 @@ def run_single(out: Path, *extra: str) -> subprocess.CompletedProcess:
         env.pop(k, None)
     cmd = [sys.executable, str(ROOT / "tests" / "scripts" / "dist_run.py"), str(out), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, launch_failure(proc)
     return proc
 
 
@@ -210,7 +211,7 @@ def test_two_machines_on_one_box(tmp_path, tiny_path):
     for p, log in procs:
         out, _ = p.communicate(timeout=600)
         log.write_bytes(out)
-        assert p.returncode == 0, out.decode(errors="replace")[-6000:]
+        assert p.returncode == 0, launch_failure(subprocess.CompletedProcess(cmd, p.returncode, out, b""))
     check_run(tmp_path, "DistributedType.MULTI_CPU", trainers=("magrpo",))
 
 

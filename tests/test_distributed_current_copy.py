@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import launch_failure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,7 @@ def test_current_copy_under_zero3_equals_the_gathered_weights(tmp_path, tiny_pat
         str(tmp_path),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, launch_failure(proc)
     for rank in (0, 1):
         info = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert info["deepspeed"] and info["partitioned"], info  # the live agents really are ZeRO-3 partitions

@@ -2,6 +2,7 @@
 (and with `all`, also MAAC, MARLHF and MADPOIter), in the same processes, and (main process) writes what the test
 checks. Arguments: OUTPUT_DIR [hetero | all]."""
 
+import faulthandler
 import json
 import os
 import sys
@@ -10,9 +11,9 @@ import torch
 
 os.environ.setdefault("CI", "1")
 torch.set_num_threads(1)
+# a rank that aborts (SIGABRT from a C++ terminate) prints every thread's Python stack into the test's failure output
+faulthandler.enable(all_threads=True)
 if os.environ.get("DIST_RUN_HANG_TIMEOUT"):  # debugging aid: dump every thread's stack if a rank hangs
-    import faulthandler
-
     faulthandler.dump_traceback_later(int(os.environ["DIST_RUN_HANG_TIMEOUT"]), exit=True)
 
 
