@@ -111,6 +111,43 @@ def test_normalize_in_groups():
     torch.testing.assert_close(out, torch.tensor([-1.0, 1.0, 0.0, 0.0, 0.0]))
 
 
+def test_normalize_in_groups_over_processes_equals_the_whole_batch():
+    """Two "processes" (threads meeting in a simulated all-reduce) holding uneven halves of a batch, one of them
+    missing a group, normalize with the summed moments exactly as one process normalizing the whole batch; each
+    normalizing alone does not."""
+    import threading
+
+    values = torch.tensor([1.0, 3.0, 10.0, 2.0, 7.0, 4.0, 4.0, 8.0, -1.0])
+    groups = torch.tensor([0, 0, 1, 2, 0, 1, 1, 0, 2])
+    parts = [(values[:3], groups[:3]), (values[3:], groups[3:])]  # process 0 has no group 2
+    slots, barrier = [None, None], threading.Barrier(2)
+
+    def all_reduce_sum(rank):
+        def reduce(t):
+            slots[rank] = t
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()
+            return total
+
+        return reduce
+
+    out = [None, None]
+
+    def process(rank):
+        out[rank] = normalize_in_groups(*parts[rank], all_reduce_sum(rank))
+
+    threads = [threading.Thread(target=process, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    whole = normalize_in_groups(values, groups)
+    torch.testing.assert_close(torch.cat(out), whole)
+    alone = torch.cat([normalize_in_groups(v, g) for v, g in parts])
+    assert not torch.allclose(alone, whole)
+
+
 def test_policy_gradient_loss_value_and_gradient():
     logp = torch.tensor([-2.0, -3.0], requires_grad=True)
     adv = torch.tensor([1.0, -1.0])

@@ -120,8 +120,8 @@ def run_equiv(which, out):
         args = MAGRPOConfig(num_generations=3, share_base_model=True, **common)
         trainer = MAGRPOTrainer(args=args, peft_config=lora, **team)
     elif which == "mappo":
-        # advantage_normalization z-scores inside each process's own batch (not the global one): off here
-        args = MAPPOConfig(ppo_epochs=1, advantage_normalization=False, **common)
+        # advantage_normalization (on by default) z-scores over the GLOBAL batch: each process its share of it
+        args = MAPPOConfig(ppo_epochs=1, **common)
         trainer = MAPPOTrainer(args=args, critic_model=tiny_model_path(), **team)
     elif which == "madpo":
         trainer = MADPOTrainer(args=MADPOConfig(preference_num_candidates=3, **common), **team)

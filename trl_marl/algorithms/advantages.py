@@ -6,7 +6,7 @@ one group (the generations of one node), `T` for turns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -91,13 +91,43 @@ def _zscore(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.where(flat, torch.zeros_like(centered), centered / torch.where(flat, torch.ones_like(std), std))
 
 
-def normalize_in_groups(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Z-score `values` separately inside each group given by `group_ids` (same shape, 1-D).
+def normalize_in_groups(
+    values: torch.Tensor,
+    group_ids: torch.Tensor,
+    all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Z-score `values` separately inside each group given by `group_ids` (same shape, 1-D, non-negative ints).
 
-    Used by the actor-critic trainers to normalize TD errors per (agent, turn) group. A group of one sample, or
-    one whose values are all equal, gets zero.
+        z_i = (x_i - mu_g) / sigma_g,   mu_g = S1_g / n_g,   sigma_g^2 = S2_g / n_g - mu_g^2   (population std)
+
+    with the moments n_g, S1_g = sum x, S2_g = sum x^2 of group g. Used by the actor-critic trainers to normalize TD
+    errors per (agent, turn) group. A group of one sample, or one whose values are all equal, gets zero.
+
+    `all_reduce_sum` (e.g. `lambda t: accelerator.reduce(t, "sum")`) sums a tensor over the processes of a
+    data-parallel run: the moments are then those of the GLOBAL batch, so every process normalizes its share exactly
+    as one process normalizing the whole batch would. It is called on every process (twice), whatever its batch.
     """
     values = values.to(torch.float32)
+    group_ids = group_ids.to(torch.long)
+    if all_reduce_sum is None:
+        return _normalize_local(values, group_ids)
+    # one moments table with the same shape on every process: the sum of the processes' group counts bounds every
+    # group id (rows of absent groups stay empty)
+    local_groups = torch.tensor([int(group_ids.max()) + 1 if group_ids.numel() else 0], dtype=torch.float64)
+    num_groups = int(all_reduce_sum(local_groups).item())
+    moments = torch.zeros(num_groups, 3, dtype=torch.float64)
+    x = values.to(torch.float64)
+    moments.index_add_(0, group_ids, torch.stack([torch.ones_like(x), x, x * x], dim=1))
+    moments = all_reduce_sum(moments)
+    n = moments[:, 0].clamp(min=1)
+    mean = moments[:, 1] / n
+    std = (moments[:, 2] / n - mean * mean).clamp(min=0).sqrt()
+    flat = std < _STD_EPS
+    z = (x - mean[group_ids]) / torch.where(flat, torch.ones_like(std), std)[group_ids]
+    return torch.where(flat[group_ids], torch.zeros_like(z), z).to(torch.float32)
+
+
+def _normalize_local(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     out = torch.zeros_like(values)
     for g in torch.unique(group_ids):
         idx = group_ids == g

@@ -819,8 +819,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
         for i in range(n):
             adv = advs[stream_of[i]].clone()
             m[f"agent_{i + 1}/td_error_mean"].append(adv.mean().item() if S else 0.0)
-            if self.args.advantage_normalization:
-                adv = normalize_in_groups(adv, turns)
+            if self.args.advantage_normalization:  # over the global batch: every process's share of it
+                adv = normalize_in_groups(adv, turns, self._sum_over_processes)
             m[f"agent_{i + 1}/advantage_std"].append(adv.std(unbiased=False).item() if S else 0.0)
             for sample, a in zip(rollout.samples_of_agent(i), adv.tolist()):
                 sample.advantage = a
@@ -836,6 +836,12 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 lp, mask = out["logprobs"][i].detach().float().cpu(), agent_batches[i].completion_mask
                 old_logprobs.append([lp[r, : int(mask[r].sum())] for r in range(lp.shape[0])])
         return CriticData(list(trans[0].item), fit_targets, old_values, inputs, advantages, old_logprobs)
+
+    def _sum_over_processes(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over the data-parallel processes (itself in a one-process run)."""
+        if self.accelerator.num_processes == 1:
+            return t
+        return self.accelerator.reduce(t.to(self.accelerator.device), reduction="sum").cpu()
 
     def _normalize_targets(self, values, raw, targets):
         """Value normalization (MAPPO): update each critic's running statistics with its targets (those of every
