@@ -493,12 +493,12 @@ def one_process_reward_fit(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["multi_cpu", "zero2_cpu", "zero3_cpu"])
+@pytest.mark.parametrize("config", ["multi_cpu", "zero2_cpu", "zero3_cpu", "fsdp2_cpu"])
 def test_reward_model_fit_is_sharded_over_processes(tmp_path, tiny_path, config, one_process_reward_fit):
-    """2 processes (DDP / ZeRO-2 / ZeRO-3): the RewardTrainer stage shards the pairs (each process takes half of
+    """2 processes (DDP / ZeRO-2 / ZeRO-3 / FSDP2): the RewardTrainer stage shards the pairs (each process takes half of
     every batch: half the steps of a 1-process fit with the same per-process batch), the fitted weights are equal on
-    both ranks and equal a 1-process fit on the same global batches; under ZeRO-3 the PARAMETERS are sharded too:
-    each rank holds only its half of the reward model between the fit's steps and while it scores (RL)."""
+    both ranks and equal a 1-process fit on the same global batches; under ZeRO-3 and FSDP2 the PARAMETERS are sharded
+    too: each rank holds only its half of the reward model between the fit's steps and while it scores (RL)."""
     import json
 
     _run_script("dist_reward_model.py", str(tmp_path), "16", "1", "4", config=config)
@@ -525,6 +525,9 @@ def test_reward_model_fit_is_sharded_over_processes(tmp_path, tiny_path, config,
             for held in [*fit, scoring]:
                 assert held["full"] == full and held["shard"] <= full // 2 + 64, held
                 assert held["held"] < full // 100, held
+        elif config == "fsdp2_cpu":  # per-layer FSDP2 units: each rank keeps its (padded) half
+            for held in [*fit, scoring]:
+                assert held["full"] == full and held["held"] == held["shard"] <= full // 2 + 64, held
         else:  # data parallel: a full copy on every rank
             assert all(held["shard"] == held["held"] == full for held in [*fit, scoring])
     rm = JointRewardModel.from_pretrained(tiny_path, seed=0)

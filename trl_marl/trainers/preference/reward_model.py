@@ -136,29 +136,27 @@ class JointRewardModel(nn.Module):
         return self
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The full weights (on CPU) when the model is sharded (ZeRO-3 partitions, FSDP2 DTensors), gathered one
-        parameter at a time; a collective every rank must call. `None` when the model is not sharded (its own
-        `state_dict` is full)."""
+        """The full weights (on CPU, on every rank) when the model is sharded (ZeRO-3 partitions, FSDP2 DTensors),
+        gathered one parameter at a time; a collective every rank must call. `None` when the model is not sharded
+        (its own `state_dict` is full)."""
         from torch.distributed.tensor import DTensor
 
         model = self.hf_model
-        params = list(model.parameters())
-        if any(hasattr(p, "ds_id") for p in params):
-            import deepspeed
+        named = dict(model.named_parameters(remove_duplicate=False))
+        if not any(hasattr(p, "ds_id") or isinstance(p, DTensor) for p in named.values()):
+            return None
+        out = {}
+        for name, value in model.state_dict().items():
+            param = named.get(name)
+            if param is not None and hasattr(param, "ds_id"):
+                import deepspeed
 
-            named = dict(model.named_parameters(remove_duplicate=False))
-            out = {}
-            for name, value in model.state_dict().items():
-                if name in named:
-                    with deepspeed.zero.GatheredParameters([named[name]]):
-                        value = named[name].data
-                out[name] = value.detach().cpu().clone()
-            return out
-        if any(isinstance(p, DTensor) for p in params):
-            from ...fsdp import full_state_dict
-
-            return full_state_dict(model)
-        return None
+                with deepspeed.zero.GatheredParameters([param]):
+                    value = param.data.detach().cpu().clone()
+            elif isinstance(value, DTensor):
+                value = value.full_tensor().cpu()
+            out[name] = value.detach().cpu().clone()
+        return out
 
     def token_ids(self, text: str) -> list[int]:
         """The token ids the model reads for one transcript: as TRL's `RewardTrainer` tokenizes plain text (EOS
@@ -259,6 +257,9 @@ class JointRewardModel(nn.Module):
             )
             if is_fsdp2(trainer.accelerator):  # per decoder layer, then the model, before the optimizer is built
                 shard_module(self.model, trainer.accelerator)
+                # accelerate's FSDP2 prepare then leaves the sharded model alone, but first looks its
+                # `_no_split_modules` classes up by name, which `fully_shard` renamed (FSDP<name>): nothing to look up
+                trainer.accelerator.state.fsdp_plugin.transformer_cls_names_to_wrap = []
             trainer.remove_callback(PrinterCallback)
             for callback in callbacks:
                 trainer.add_callback(callback)
