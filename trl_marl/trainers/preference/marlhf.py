@@ -208,7 +208,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
     def fit_reward_model(self) -> JointRewardModel:
         """Collect pairs (if needed) and fit a NEWLY initialised joint reward model on them with TRL's
         `RewardTrainer` (a stage: it shares the outer accelerate state, shards the pairs over the processes, under
-        ZeRO-3 the parameters too, and releases its optimizer and engine before returning), then shard it for scoring
+        ZeRO-3 / FSDP2 the parameters too, and releases its optimizer and engine before returning), then shard it for scoring
         (`JointRewardModel.prepare_for_scoring`). Logs TRL's reward metrics on the pairs as
         `reward_model/accuracy`, `reward_model/margin`, `reward_model/loss` (eval mode, after the fit)."""
         if self.pairs is None:

@@ -9,10 +9,11 @@ the scalar head on the backbone's last hidden state at the final non-padding tok
 
 dropout off, accelerate / DDP / DeepSpeed, mixed precision, gradient accumulation, its metrics `accuracy`, `margin`,
 `loss`) as a STAGE: the reward trainer shares the outer run's accelerate state, and its optimizer and engine are
-released before the stage returns. Under DeepSpeed ZeRO-3 the stage's engine partitions the reward model's parameters
-over the ranks (built inside `deepspeed.zero.Init` with `zero3_init_flag`); for RL scoring `prepare_for_scoring`
-puts the fitted model under the outer engine's sharding (a partitioned inference engine under ZeRO-3, as the
-reference models; FSDP2 units under FSDP2), gathered one layer at a time by each scoring forward. It never falls back on the task reward. A reward model trained elsewhere (e.g.
+released before the stage returns. Under ZeRO-3 and FSDP2 the stage shards the reward model's parameters over the
+ranks (ZeRO-3: built inside `deepspeed.zero.Init` with `zero3_init_flag`, partitioned by the stage's engine; FSDP2:
+per-layer units); for RL scoring `prepare_for_scoring` keeps the fitted model sharded under the outer engine (a
+partitioned forward-only engine under ZeRO-3, as the reference models; FSDP2 units), gathered one layer at a time by
+each scoring forward. It never falls back on the task reward. A reward model trained elsewhere (e.g.
 `trl reward` on the exported joint dataset) loads with `JointRewardModel.load(path)` and is used as is.
 """
 
@@ -220,7 +221,7 @@ class JointRewardModel(nn.Module):
         `RewardTrainer`; `reward_config` holds any further `RewardConfig` fields (`center_rewards_coefficient`,
         `gradient_accumulation_steps`, `bf16`, `ddp_backend`, ...); `callbacks` are added to the reward trainer.
         Every process passes the same pairs; the reward trainer shards them over the processes of the outer
-        accelerate state (and, under ZeRO-3, the parameters too).
+        accelerate state (and, under ZeRO-3 and FSDP2, the parameters too).
 
         Returns `{"losses": per-step training losses, "train_loss", and TRL's evaluation metrics on the pairs:
         "accuracy", "margin", "loss"}`. The model is left in eval mode, frozen; the global RNG state is restored
@@ -264,10 +265,11 @@ class JointRewardModel(nn.Module):
             for callback in callbacks:
                 trainer.add_callback(callback)
             plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
-            zero3 = _zero3(trainer.accelerator)
-            with (
-                _stage3_persistence(plugin, self.model) if zero3 else contextlib.nullcontext()
-            ):  # ZeRO-3: each rank keeps only its partition between the stage's forwards
+            # ZeRO-3: each rank keeps only its partition between the stage's forwards
+            stage3 = (
+                _stage3_persistence(plugin, self.model) if _zero3(trainer.accelerator) else contextlib.nullcontext()
+            )
+            with stage3:
                 out = trainer.train()
             metrics = trainer.evaluate(dataset)
             losses = [h["loss"] for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]
