@@ -230,11 +230,14 @@ def test_fsdp2_critics_and_reward_model(tmp_path, tiny_path):
 @pytest.mark.slow
 def test_zero3_marlhf_reward_model_is_partitioned(tmp_path, tiny_path):
     """ZeRO-3 (zero3_init_flag), 2 CPU processes: MARLHF fits its joint reward model in the RewardTrainer stage,
-    then trains two RL steps scoring with it; during RL each rank holds only its partition of the reward model
-    (gathered layer by layer inside each scoring forward), and the saved reward model is the full gathered one."""
-    launch("zero3_cpu", tmp_path, "only=marlhf")
-    check_run(tmp_path, "DistributedType.DEEPSPEED", trainers=("marlhf",))
-    check_reward_model_sharded(tmp_path / "marlhf", tiny_path)
+    then trains two RL steps scoring with it; iterative MARLHF refits a new one each of its 2 rounds (a stage engine
+    next to the RL engine) and collects its pairs with the live agents as comparator. During RL each rank holds only
+    its partition of the reward model (gathered layer by layer inside each scoring forward), and the saved reward
+    model is the full gathered one."""
+    launch("zero3_cpu", tmp_path, "only=marlhf,marlhfiter")
+    check_run(tmp_path, "DistributedType.DEEPSPEED", trainers=("marlhf", "marlhfiter"))
+    for which in ("marlhf", "marlhfiter"):
+        check_reward_model_sharded(tmp_path / which, tiny_path)
 
 
 def check_reward_model_sharded(out: Path, tiny_path: str) -> None:
