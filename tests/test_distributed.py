@@ -218,13 +218,15 @@ def test_two_machines_on_one_box(tmp_path, tiny_path):
 @pytest.mark.slow
 def test_fsdp2_critics_and_reward_model(tmp_path, tiny_path):
     """FSDP2, 2 CPU processes: MAAC (one centralized critic), IAC (a critic per agent) and MARLHF (joint reward
-    model) train two steps; each critic is an FSDP unit of the team; the saved agents equal the gathered weights
-    and the critics / reward model are saved beside them."""
-    launch("fsdp2_cpu", tmp_path, "only=maac,iac,marlhf")
-    check_run(tmp_path, "DistributedType.FSDP", trainers=("maac", "iac", "marlhf"))
+    model) train two steps, MARLHFIter two rounds; each critic is an FSDP unit of the team; the saved agents equal
+    the gathered weights and the critics / reward model are saved beside them."""
+    launch("fsdp2_cpu", tmp_path, "only=maac,iac,marlhf,marlhfiter")
+    check_run(tmp_path, "DistributedType.FSDP", trainers=("maac", "iac", "marlhf", "marlhfiter"))
     for which, folder in [("maac", "critic"), ("iac", "critic_1"), ("iac", "critic_2"), ("marlhf", "reward_model")]:
         assert (tmp_path / which / folder).is_dir(), (which, folder)
-    check_reward_model_sharded(tmp_path / "marlhf", tiny_path)
+    # the joint reward model (MARLHF; MARLHFIter refits one per round) is sharded while it scores
+    for which in ("marlhf", "marlhfiter"):
+        check_reward_model_sharded(tmp_path / which, tiny_path)
 
 
 @pytest.mark.slow
