@@ -5,7 +5,7 @@
 
 `--reward-fit` times MARLHF's joint reward-model fit on the same pairs and epochs, in the same run: through TRL's
 `RewardTrainer` (what `JointRewardModel.fit` does now) against the hand-written AdamW loop it replaced (kept below
-as the baseline), and the TRL fit under 1 and 2 processes (`accelerate launch`, DDP over gloo).
+as the baseline), and the TRL fit under 1 and 2 processes (`accelerate launch`: DDP over gloo, ZeRO-3, FSDP2).
 
 In the same run it times the margin computation two ways on the same pairs: ONE masked forward per agent over the
 batch's winners and losers together (what `MADPOTrainer` does) and one forward per sequence (what the reference
@@ -173,7 +173,7 @@ def _legacy_fit(rm, pairs, learning_rate, num_epochs, batch_size, seed=0) -> lis
 
 def reward_fit(args) -> dict:
     """TRL RewardTrainer fit vs the old loop (same pairs, epochs, batch; 1 process), then TRL under 1 vs 2
-    processes."""
+    processes (DDP), and 2 processes under ZeRO-3 and FSDP2 (the reward model sharded)."""
     import subprocess
     import sys
     import tempfile
@@ -212,14 +212,16 @@ def reward_fit(args) -> dict:
         procs = {}
         script = ROOT / "tests" / "scripts" / "dist_reward_model.py"
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
-        for n in (1, 2):
-            out = os.path.join(tmp, f"p{n}")
+        # 1 process, then 2 processes under DDP (full copies), ZeRO-3 and FSDP2 (the reward model sharded)
+        for name, config in [(1, None), (2, "multi_cpu"), ("zero3", "zero3_cpu"), ("fsdp2", "fsdp2_cpu")]:
+            out = os.path.join(tmp, f"p{name}")
             cmd = [sys.executable, str(script), out, str(args.pairs), str(args.epochs)]
-            if n == 2:
+            if config is not None:
                 cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                       str(ROOT / "accelerate_configs" / "multi_cpu.yaml"), *cmd[1:]]  # fmt: skip
+                       str(ROOT / "accelerate_configs" / f"{config}.yaml"), *cmd[1:]]  # fmt: skip
             subprocess.run(cmd, check=True, env=env, cwd=ROOT, capture_output=True)
-            procs[n] = max(json.loads(Path(out, f"rank{r}.json").read_text())["fit_s"] for r in range(n))
+            ranks = 1 if config is None else 2
+            procs[name] = max(json.loads(Path(out, f"rank{r}.json").read_text())["fit_s"] for r in range(ranks))
     best = {k: min(v) for k, v in timings.items()}
     report = {
         "config": {
@@ -237,6 +239,10 @@ def reward_fit(args) -> dict:
         "trl_1_process_s": procs[1],
         "trl_2_processes_s": procs[2],
         "speedup_2_over_1_process": procs[1] / procs[2],
+        "trl_2_processes_zero3_s": procs["zero3"],
+        "trl_2_processes_fsdp2_s": procs["fsdp2"],
+        "zero3_over_ddp_2_processes": procs["zero3"] / procs[2],
+        "fsdp2_over_ddp_2_processes": procs["fsdp2"] / procs[2],
     }
     out = Path(args.output or ROOT / "benchmarks" / "results" / "reward_fit.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -218,9 +218,42 @@ def test_two_machines_on_one_box(tmp_path, tiny_path):
 @pytest.mark.slow
 def test_fsdp2_critics_and_reward_model(tmp_path, tiny_path):
     """FSDP2, 2 CPU processes: MAAC (one centralized critic), IAC (a critic per agent) and MARLHF (joint reward
-    model) train two steps; each critic is an FSDP unit of the team; the saved agents equal the gathered weights
-    and the critics / reward model are saved beside them."""
-    launch("fsdp2_cpu", tmp_path, "only=maac,iac,marlhf")
-    check_run(tmp_path, "DistributedType.FSDP", trainers=("maac", "iac", "marlhf"))
+    model) train two steps, MARLHFIter two rounds; each critic is an FSDP unit of the team; the saved agents equal
+    the gathered weights and the critics / reward model are saved beside them."""
+    launch("fsdp2_cpu", tmp_path, "only=maac,iac,marlhf,marlhfiter")
+    check_run(tmp_path, "DistributedType.FSDP", trainers=("maac", "iac", "marlhf", "marlhfiter"))
     for which, folder in [("maac", "critic"), ("iac", "critic_1"), ("iac", "critic_2"), ("marlhf", "reward_model")]:
         assert (tmp_path / which / folder).is_dir(), (which, folder)
+    # the joint reward model (MARLHF; MARLHFIter refits one per round) is sharded while it scores
+    for which in ("marlhf", "marlhfiter"):
+        check_reward_model_sharded(tmp_path / which, tiny_path)
+
+
+@pytest.mark.slow
+def test_zero3_marlhf_reward_model_is_partitioned(tmp_path, tiny_path):
+    """ZeRO-3 (zero3_init_flag), 2 CPU processes: MARLHF fits its joint reward model in the RewardTrainer stage,
+    then trains two RL steps scoring with it; iterative MARLHF refits a new one each of its 2 rounds (a stage engine
+    next to the RL engine) and collects its pairs with the live agents as comparator. During RL each rank holds only
+    its partition of the reward model (gathered layer by layer inside each scoring forward), and the saved reward
+    model is the full gathered one."""
+    launch("zero3_cpu", tmp_path, "only=marlhf,marlhfiter")
+    check_run(tmp_path, "DistributedType.DEEPSPEED", trainers=("marlhf", "marlhfiter"))
+    for which in ("marlhf", "marlhfiter"):
+        check_reward_model_sharded(tmp_path / which, tiny_path)
+
+
+def check_reward_model_sharded(out: Path, tiny_path: str) -> None:
+    """Every scoring call of the RL phase found each rank holding about half of the reward model (its shard), and
+    `reward_model/` holds the full weights (they load with from_pretrained and have the backbone's shapes)."""
+    from transformers import AutoModelForSequenceClassification
+
+    for rank in (0, 1):
+        records = json.loads((out / f"reward_model_shards_rank{rank}.json").read_text())
+        assert records, "the reward model never scored"
+        for held in records:
+            assert held["shard"] <= held["full"] // 2 + 64 and held["held"] <= held["full"] // 2 + 64, held
+    saved = AutoModelForSequenceClassification.from_pretrained(out / "reward_model")
+    fresh = AutoModelForSequenceClassification.from_pretrained(tiny_path, num_labels=1)
+    shapes = {k: v.shape for k, v in fresh.state_dict().items()}
+    assert {k: v.shape for k, v in saved.state_dict().items()} == shapes
+    assert sum(v.numel() for v in saved.parameters()) == records[0]["full"]

@@ -48,6 +48,17 @@ def test_engines_shard_what_they_should(tiny_path):
     assert f2.peak == z3.peak < z2.peak < ddp.peak
 
 
+def test_reward_model_is_whole_under_ddp_and_sharded_under_zero3_and_fsdp2(tiny_path):
+    from trl_marl import MARLHFConfig
+
+    cfg = MARLHFConfig(output_dir="x", num_agents=2, num_generations=2, rollout_buffer_size=2, max_new_tokens=16)
+    P = count_parameters(AutoConfig.from_pretrained(tiny_path))[0]
+    ddp, z2, z3, f2 = (estimate(cfg, tiny_path, e, 4).reward_model for e in ("ddp", "zero2", "zero3", "fsdp2"))
+    assert ddp == z2 == P * 4
+    assert z3 == f2 == P  # a quarter of the fp32 weights on each of 4 ranks
+    assert estimate(_cfg(), tiny_path, "zero3", 4).reward_model == 0  # no reward model outside MARLHF
+
+
 def test_lora_team_on_one_base_costs_one_base(tiny_path):
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
     P, L = count_parameters(AutoConfig.from_pretrained(tiny_path), lora)

@@ -456,36 +456,52 @@ def test_train_elsewhere_round_trip_with_trl_trainers(make_args, items, tiny_pat
     assert dpo.state.global_step == 3 and "rewards/margins" in dpo.state.log_history[0]
 
 
-def _launch(config: str, script: str, *args: str):
+def _run_script(script: str, *args: str, config: str | None = None):
+    """tests/scripts/SCRIPT under `accelerate launch --config_file accelerate_configs/CONFIG.yaml`, or in ONE plain
+    process (no launcher) when `config` is None."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    from conftest import launch_failure
+
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(root / "accelerate_configs" / f"{config}.yaml"),
-        str(root / "tests" / "scripts" / script),
-        *args,
-    ]
+    cmd = [sys.executable]
+    if config is None:
+        for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(k, None)
+    else:
+        cmd += [
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(root / "accelerate_configs" / f"{config}.yaml"),
+        ]
+    cmd += [str(root / "tests" / "scripts" / script), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=root)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert proc.returncode == 0, launch_failure(proc)
+
+
+@pytest.fixture(scope="module")
+def one_process_reward_fit(tmp_path_factory):
+    """The baseline: ONE process fitting the same 16 pairs with batches of 8 (the global batch of 2 processes x 4)."""
+    out = tmp_path_factory.mktemp("one_process_fit")
+    _run_script("dist_reward_model.py", str(out), "16", "1", "8")
+    return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["multi_cpu", "zero2_cpu", "zero3_cpu"])
-def test_reward_model_fit_is_sharded_over_processes(tmp_path, tiny_path, config):
-    """2 processes (DDP / ZeRO-2 / ZeRO-3): the RewardTrainer stage shards the pairs (each process takes half of
-    every batch: half the steps of a 1-process fit) and the fitted weights are full and equal on both ranks after
-    the stage (they score the pairs as TRL's evaluation did)."""
+@pytest.mark.parametrize("config", ["multi_cpu", "zero2_cpu", "zero3_cpu", "fsdp2_cpu"])
+def test_reward_model_fit_is_sharded_over_processes(tmp_path, tiny_path, config, one_process_reward_fit):
+    """2 processes (DDP / ZeRO-2 / ZeRO-3 / FSDP2): the RewardTrainer stage shards the pairs (each process takes half of
+    every batch: half the steps of a 1-process fit with the same per-process batch), the fitted weights are equal on
+    both ranks and equal a 1-process fit on the same global batches; under ZeRO-3 and FSDP2 the PARAMETERS are sharded
+    too: each rank holds only its half of the reward model between the fit's steps and while it scores (RL)."""
     import json
 
-    _launch(config, "dist_reward_model.py", str(tmp_path), "16", "1")
+    _run_script("dist_reward_model.py", str(tmp_path), "16", "1", "4", config=config)
     infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(i["num_processes"] == 2 for i in infos)
     # 16 pairs, 4 per process per step, 2 processes: 2 steps (a single process takes 4)
@@ -495,6 +511,25 @@ def test_reward_model_fit_is_sharded_over_processes(tmp_path, tiny_path, config)
     assert w0.keys() == w1.keys()
     for k in w0:
         torch.testing.assert_close(w0[k], w1[k], msg=k)
+    one = torch.load(one_process_reward_fit / "rank0.pt")
+    assert one.keys() == w0.keys()
+    for k in w0:  # the same global batches, gradients averaged over the processes: the same update
+        torch.testing.assert_close(w0[k], one[k], atol=2e-5, rtol=0, msg=k)
+    for info in infos:
+        fit, scoring = info["held_during_fit"], info["held_while_scoring"]
+        assert len(fit) == 2
+        full = scoring["full"]
+        if config == "zero3_cpu":
+            # each rank's partition is half the model (plus alignment padding); between forwards a rank holds
+            # only the parameters under TRL's persistence threshold (10 x hidden: the norms and the score head)
+            for held in [*fit, scoring]:
+                assert held["full"] == full and held["shard"] <= full // 2 + 64, held
+                assert held["held"] < full // 100, held
+        elif config == "fsdp2_cpu":  # per-layer FSDP2 units: each rank keeps its (padded) half
+            for held in [*fit, scoring]:
+                assert held["full"] == full and held["held"] == held["shard"] <= full // 2 + 64, held
+        else:  # data parallel: a full copy on every rank
+            assert all(held["shard"] == held["held"] == full for held in [*fit, scoring])
     rm = JointRewardModel.from_pretrained(tiny_path, seed=0)
     fresh = rm.model.state_dict()
     assert any(not torch.allclose(fresh[k], w0[k]) for k in w0)  # it was trained

@@ -9,7 +9,7 @@
 | optimizer | AdamW's two fp32 moments per trainable parameter (+ an fp32 master copy under DeepSpeed with 16-bit weights) | ZeRO-2, ZeRO-3, FSDP2 |
 | references | frozen copies for the reference-KL penalty (none for LoRA agents: the base with adapters off) | ZeRO-3, FSDP2 |
 | critics | separate critics of the actor-critic trainers, trained like the agents | as the agents |
-| reward model | the joint reward model MARLHF scores rollouts with (held whole on every rank) | none |
+| reward model | the joint reward model MARLHF scores rollouts with (whole on every rank under DDP / ZeRO-2) | ZeRO-3, FSDP2 |
 | generation gather | full weights of the ONE agent that generates (ZeRO-3, FSDP2) | (is the gather) |
 | KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows | none |
 | activations | every agent's forward graph of one training step, kept until the one backward (logits included) | none |
@@ -195,11 +195,12 @@ def estimate(
         Pc = P if critic_model_config is None else count_parameters(_load_config(critic_model_config))[0]
         critics = math.ceil(k * Pc * wb / shard_w) + math.ceil(k * Pc * (wb + 8 + master) / shard_go)
 
-    # the joint reward model of MARLHF, whole on every rank while it scores rollouts
+    # the joint reward model of MARLHF while it scores rollouts: whole on every rank, partitioned under ZeRO-3 /
+    # FSDP2 (JointRewardModel.prepare_for_scoring)
     reward_model = 0
     if hasattr(config, "reward_model_name"):
         Pr = P if reward_model_config is None else count_parameters(_load_config(reward_model_config))[0]
-        reward_model = Pr * wb
+        reward_model = math.ceil(Pr * wb / shard_w)
 
     # generation: one agent after another (one call for all agents on a shared base)
     gen = int(getattr(config, "num_generations", 1) or 1)

@@ -228,6 +228,36 @@ def record_gathers(trainer):
 WORDS = ["rain", "snow", "wind", "fire", "stone", "gold", "sea", "sky"]
 
 
+def record_reward_model_shards(trainer, out):
+    """Record, at every scoring call of the joint reward model during RL, what this rank holds of it
+    (`shard_probe.shard_numel`), into OUT/reward_model_shards_rank{r}.json."""
+    from shard_probe import shard_numel
+
+    from trl_marl.trainers.preference.reward_model import JointRewardModel
+
+    records = []
+    score = JointRewardModel.score
+
+    def probed(self, *args, **kwargs):
+        records.append(shard_numel(self.hf_model))
+        return score(self, *args, **kwargs)
+
+    JointRewardModel.score = probed
+    original_train = trainer.train
+
+    def train(*args, **kwargs):
+        try:
+            return original_train(*args, **kwargs)
+        finally:
+            JointRewardModel.score = score
+            os.makedirs(out, exist_ok=True)
+            rank = trainer.accelerator.process_index
+            with open(os.path.join(out, f"reward_model_shards_rank{rank}.json"), "w") as f:
+                json.dump(records, f)
+
+    trainer.train = train
+
+
 def run(which, out, hetero):
     from datasets import Dataset
 
@@ -332,6 +362,8 @@ def run(which, out, hetero):
             preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, num_iterations=2, **common
         )
         trainer = MADPOIterTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+    if which in ("marlhf", "marlhfiter"):
+        record_reward_model_shards(trainer, out)
     trainer.train()
     if os.environ.get("DIST_RUN_DEBUG"):
         a = trainer.accelerator

@@ -188,8 +188,8 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
         )
         self.reward_model = reward_model
-        if reward_model is not None and args.reward_model_path is not None:
-            reward_model.to(args.reward_model_device or self.accelerator.device)
+        if reward_model is not None:  # under ZeRO-3 / FSDP2: sharded like the reference models
+            reward_model.prepare_for_scoring(self.accelerator, args.reward_model_device)
         self.pairs = self._accept_pairs(preference_pairs)
         # RL rollouts score with the learned reward; `rollout_engine` keeps the task reward (pairs, evaluation)
         self.train_rollout_engine = copy.copy(self.rollout_engine)
@@ -207,8 +207,9 @@ class _MARLHFMixin(PreferenceCollectionMixin):
 
     def fit_reward_model(self) -> JointRewardModel:
         """Collect pairs (if needed) and fit a NEWLY initialised joint reward model on them with TRL's
-        `RewardTrainer` (a stage: it shares the outer accelerate state, shards the pairs over the processes, and
-        releases its optimizer and engine before returning). Logs TRL's reward metrics on the pairs as
+        `RewardTrainer` (a stage: it shares the outer accelerate state, shards the pairs over the processes, under
+        ZeRO-3 / FSDP2 the parameters too, and releases its optimizer and engine before returning), then shard it for scoring
+        (`JointRewardModel.prepare_for_scoring`). Logs TRL's reward metrics on the pairs as
         `reward_model/accuracy`, `reward_model/margin`, `reward_model/loss` (eval mode, after the fit)."""
         if self.pairs is None:
             self.pairs = self.collect_preference_pairs()
@@ -238,8 +239,8 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             ddp_backend=a.ddp_backend,
         )
         self._reward_fit_steps = len(result["losses"])
-        if a.reward_model_device is not None:
-            rm.to(a.reward_model_device)
+        # RL scores with it under the outer engine: sharded under ZeRO-3 / FSDP2 (the stage's engine is gone)
+        rm.prepare_for_scoring(self.accelerator, a.reward_model_device)
         m = self._metrics["train"]
         if result["losses"]:
             m["reward_model/loss_first"].append(result["losses"][0])
@@ -269,10 +270,19 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             self.fit_reward_model()
         return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        # a sharded reward model is gathered on every rank (a collective) before the main process writes it
+        self._reward_model_state = self.reward_model.full_state_dict() if self.reward_model is not None else None
+        try:
+            super().save_model(output_dir, _internal_call)
+        finally:
+            self._reward_model_state = None
+
     def _save_extra(self, output_dir: str, state_dict: dict) -> None:
         super()._save_extra(output_dir, state_dict)
         if self.reward_model is not None:
-            self.reward_model.save_pretrained(os.path.join(output_dir, "reward_model"))
+            folder = os.path.join(output_dir, "reward_model")
+            self.reward_model.save_pretrained(folder, state_dict=getattr(self, "_reward_model_state", None))
 
     def _extra_resume_state(self) -> dict:
         return {**super()._extra_resume_state(), "pairs": self.pairs, "reward_model": self.reward_model is not None}
@@ -294,7 +304,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
                 )
             model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
             rm = JointRewardModel(model, AutoTokenizer.from_pretrained(folder), self.args.reward_max_length)
-            self.reward_model = rm.to(self.args.reward_model_device or self.accelerator.device)
+            self.reward_model = rm.prepare_for_scoring(self.accelerator, self.args.reward_model_device)
 
 
 class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):

@@ -9,13 +9,18 @@ the scalar head on the backbone's last hidden state at the final non-padding tok
 
 dropout off, accelerate / DDP / DeepSpeed, mixed precision, gradient accumulation, its metrics `accuracy`, `margin`,
 `loss`) as a STAGE: the reward trainer shares the outer run's accelerate state, and its optimizer and engine are
-released before the stage returns. It never falls back on the task reward. A reward model trained elsewhere (e.g.
+released before the stage returns. Under ZeRO-3 and FSDP2 the stage shards the reward model's parameters over the
+ranks (ZeRO-3: built inside `deepspeed.zero.Init` with `zero3_init_flag`, partitioned by the stage's engine; FSDP2:
+per-layer units); for RL scoring `prepare_for_scoring` keeps the fitted model sharded under the outer engine (a
+partitioned forward-only engine under ZeRO-3, as the reference models; FSDP2 units), gathered one layer at a time by
+each scoring forward. It never falls back on the task reward. A reward model trained elsewhere (e.g.
 `trl reward` on the exported joint dataset) loads with `JointRewardModel.load(path)` and is used as is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import random
 from collections.abc import Sequence
@@ -96,6 +101,64 @@ class JointRewardModel(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def hf_model(self) -> nn.Module:
+        """The transformers model (unwrapped from the DeepSpeed inference engine `prepare_for_scoring` may add)."""
+        return getattr(self.model, "module", self.model)
+
+    def prepare_for_scoring(self, accelerator, device: str | torch.device | None = None) -> JointRewardModel:
+        """Put the (fitted, frozen) model under the outer run's engine for scoring; every rank must call it.
+
+        - DeepSpeed ZeRO-3: a partitioned copy (`trl_marl.zero3.zero3_frozen_copy`) under a forward-only engine
+          (TRL's `prepare_deepspeed`, as for the reference models), with TRL's persistence threshold
+          (10 x hidden size) so that each rank keeps only its partition between forwards.
+        - FSDP2: `fully_shard` per decoder layer and the model (`trl_marl.fsdp.shard_module`).
+        - Otherwise (DDP, ZeRO-1/2, one process): a full copy on `device` (default: the accelerator's device).
+
+        Under ZeRO-3 / FSDP2 scoring is a collective: every rank scores the same number of batches (as it
+        generates)."""
+        from ...fsdp import is_fsdp2, shard_module
+
+        self.eval()
+        for p in self.parameters():
+            p.requires_grad_(False)
+        if _zero3(accelerator):
+            from ...zero3 import _is_partitioned, zero3_frozen_copy
+            from .trl_pieces import prepare_deepspeed
+
+            model = self.hf_model
+            model = zero3_frozen_copy(model) if _is_partitioned(model) else model
+            with _stage3_persistence(accelerator.state.deepspeed_plugin, model):
+                self.model = prepare_deepspeed(model, accelerator)
+        elif is_fsdp2(accelerator):
+            shard_module(self.model, accelerator)
+        else:
+            self.model.to(device if device is not None else accelerator.device)
+        return self
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full weights (on CPU, on every rank) when the model is sharded (ZeRO-3 partitions, FSDP2 DTensors),
+        gathered one parameter at a time; a collective every rank must call. `None` when the model is not sharded
+        (its own `state_dict` is full)."""
+        from torch.distributed.tensor import DTensor
+
+        model = self.hf_model
+        named = dict(model.named_parameters(remove_duplicate=False))
+        if not any(hasattr(p, "ds_id") or isinstance(p, DTensor) for p in named.values()):
+            return None
+        out = {}
+        for name, value in model.state_dict().items():
+            param = named.get(name)
+            if param is not None and hasattr(param, "ds_id"):
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters([param]):
+                    value = param.data.detach().cpu().clone()
+            elif isinstance(value, DTensor):
+                value = value.full_tensor().cpu()
+            out[name] = value.detach().cpu().clone()
+        return out
+
     def token_ids(self, text: str) -> list[int]:
         """The token ids the model reads for one transcript: as TRL's `RewardTrainer` tokenizes plain text (EOS
         appended, the tokenizer's special tokens), cut to the last `max_length` tokens."""
@@ -151,19 +214,22 @@ class JointRewardModel(nn.Module):
         freeze_backbone: bool = False,
         seed: int = 0,
         output_dir: str = "reward_model_fit",
+        callbacks: Sequence = (),
         **reward_config: Any,
     ) -> dict[str, Any]:
         """Fit on preference pairs (objects with `prompts`, `winner_completions`, `loser_completions`) with TRL's
         `RewardTrainer`; `reward_config` holds any further `RewardConfig` fields (`center_rewards_coefficient`,
-        `gradient_accumulation_steps`, `bf16`, `ddp_backend`, ...). Every process passes the same pairs; the reward
-        trainer shards them over the processes of the outer accelerate state.
+        `gradient_accumulation_steps`, `bf16`, `ddp_backend`, ...); `callbacks` are added to the reward trainer.
+        Every process passes the same pairs; the reward trainer shards them over the processes of the outer
+        accelerate state (and, under ZeRO-3 and FSDP2, the parameters too).
 
         Returns `{"losses": per-step training losses, "train_loss", and TRL's evaluation metrics on the pairs:
         "accuracy", "margin", "loss"}`. The model is left in eval mode, frozen; the global RNG state is restored
         (the fit does not shift the outer run's random streams)."""
         from transformers import PrinterCallback
 
-        from .trl_pieces import RewardConfig, RewardTrainer
+        from ...fsdp import is_fsdp2, shard_module
+        from .trl_pieces import RewardConfig
 
         self._trainable(freeze_backbone)
         dataset = reward_dataset(pairs, self)
@@ -187,11 +253,24 @@ class JointRewardModel(nn.Module):
         )
         config.update(reward_config)
         with _rng_preserved(), _accelerate_state_preserved():
-            trainer = RewardTrainer(
+            trainer = _stage_reward_trainer_class()(
                 model=self.model, args=RewardConfig(**config), train_dataset=dataset, processing_class=self.tokenizer
             )
+            if is_fsdp2(trainer.accelerator):  # per decoder layer, then the model, before the optimizer is built
+                shard_module(self.model, trainer.accelerator)
+                # accelerate's FSDP2 prepare then leaves the sharded model alone, but first looks its
+                # `_no_split_modules` classes up by name, which `fully_shard` renamed (FSDP<name>): nothing to look up
+                trainer.accelerator.state.fsdp_plugin.transformer_cls_names_to_wrap = []
             trainer.remove_callback(PrinterCallback)
-            out = trainer.train()
+            for callback in callbacks:
+                trainer.add_callback(callback)
+            plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+            # ZeRO-3: each rank keeps only its partition between the stage's forwards
+            stage3 = (
+                _stage3_persistence(plugin, self.model) if _zero3(trainer.accelerator) else contextlib.nullcontext()
+            )
+            with stage3:
+                out = trainer.train()
             metrics = trainer.evaluate(dataset)
             losses = [h["loss"] for h in trainer.state.log_history if "loss" in h and "train_loss" not in h]
             # one engine at a time: release the reward trainer's optimizer, scheduler and wrapped model
@@ -221,8 +300,10 @@ class JointRewardModel(nn.Module):
                 p.requires_grad_(True)
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def save_pretrained(self, path: str) -> None:
-        self.model.save_pretrained(path)
+    def save_pretrained(self, path: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """`save_pretrained` of the model (with `state_dict`: those weights, e.g. `full_state_dict()`'s) and
+        tokenizer."""
+        self.hf_model.save_pretrained(path, state_dict=state_dict)
         self.tokenizer.save_pretrained(path)
 
 
@@ -250,19 +331,66 @@ def _rng_preserved():
         np.random.set_state(states[2])
 
 
+@functools.cache
+def _stage_reward_trainer_class() -> type:
+    """TRL's `RewardTrainer` as a stage of a trl_marl run: like the outer trainer, it runs FSDP2 over gloo on a
+    CPU-only machine when the launcher asked for FSDP (`trl_marl.fsdp.enable_fsdp_on_cpu`)."""
+    from ...fsdp import enable_fsdp_on_cpu
+    from .trl_pieces import RewardTrainer
+
+    class StageRewardTrainer(RewardTrainer):
+        def create_accelerator_and_postprocess(self) -> None:
+            super().create_accelerator_and_postprocess()
+            if enable_fsdp_on_cpu(self.accelerator):
+                self.is_fsdp_enabled = True
+
+    return StageRewardTrainer
+
+
+def _zero3(accelerator) -> bool:
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return plugin is not None and plugin.zero_stage == 3
+
+
+@contextlib.contextmanager
+def _stage3_persistence(plugin, model: nn.Module):
+    """ZeRO-3's `stage3_param_persistence_threshold` at TRL's value for models it partitions (10 x hidden size, as
+    `trl.models.utils.prepare_deepspeed`) in `plugin`'s config for the block. DeepSpeed's default (1e5 elements)
+    would keep every parameter of a small model gathered on every rank."""
+    config = plugin.deepspeed_config.setdefault("zero_optimization", {})
+    cfg = model.config
+    hidden = max(cfg.hidden_sizes) if getattr(cfg, "hidden_sizes", None) else getattr(cfg, "hidden_size", None)
+    missing = object()
+    saved = config.get("stage3_param_persistence_threshold", missing)
+    if hidden is not None:
+        config["stage3_param_persistence_threshold"] = 10 * hidden
+    try:
+        yield
+    finally:
+        if saved is missing:
+            config.pop("stage3_param_persistence_threshold", None)
+        else:
+            config["stage3_param_persistence_threshold"] = saved
+
+
 @contextlib.contextmanager
 def _accelerate_state_preserved():
     """Run a block that builds a nested Trainer (a stage) and give the outer run its accelerate state back.
 
     `TrainingArguments` resets accelerate's process-wide shared state when it is built (e.g. with `use_cpu`), and the
     nested `Accelerator` re-fills it for the stage; the outer trainer's `Accelerator` reads that same shared state
-    afterwards (its FSDP plugin, distributed type, gradient accumulation). Snapshot and restore it."""
+    afterwards (its FSDP plugin, distributed type, gradient accumulation). Snapshot and restore it, and
+    transformers' ZeRO-3 marker (the stage's `TrainingArguments` points it at its own DeepSpeed config, which dies with
+    the stage: models built afterwards would no longer be built inside `deepspeed.zero.Init`)."""
     from accelerate.state import AcceleratorState, GradientState, PartialState
+    from transformers.integrations import deepspeed as hf_deepspeed
 
     saved = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
+    weak_ref = hf_deepspeed._hf_deepspeed_config_weak_ref
     try:
         yield
     finally:
         for cls, state in saved:
             cls._shared_state.clear()
             cls._shared_state.update(state)
+        hf_deepspeed._hf_deepspeed_config_weak_ref = weak_ref
