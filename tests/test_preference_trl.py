@@ -165,10 +165,99 @@ HAND = {
 }
 
 
-def test_hand_formulas_cover_every_supported_trl_loss_type():
-    from trl_marl.algorithms.losses import DPO_LOSS_TYPES
+def _aot_loss(delta, b, e):
+    return sum(-(1 - e) * _ls(b * x) - e * _ls(-b * x) for x in delta) / len(delta)
 
-    assert set(HAND) == set(DPO_LOSS_TYPES)
+
+# the loss types that couple a batch's pairs, by hand on lists over pairs: C, R = joint chosen / rejected log-ratios,
+# RC, RR = joint reference log-probs, Lw = joint chosen lengths (TRL 1.16's `_compute_loss` with the policy log-probs
+# C + RC, R + RR)
+BATCH_HAND = {
+    "aot": lambda C, R, RC, RR, Lw, b, e: _aot_loss(
+        [
+            x - y
+            for x, y in zip(
+                sorted((c + rc) - (r + rr) for c, r, rc, rr in zip(C, R, RC, RR)),
+                sorted(rc - rr for rc, rr in zip(RC, RR)),
+            )
+        ],
+        b,
+        e,
+    ),
+    "aot_unpaired": lambda C, R, RC, RR, Lw, b, e: _aot_loss([x - y for x, y in zip(sorted(C), sorted(R))], b, e),
+    "sft": lambda C, R, RC, RR, Lw, b, e: -sum(c + rc for c, rc in zip(C, RC)) / sum(Lw),
+}
+
+
+def test_hand_formulas_cover_every_trl_loss_type():
+    """Every loss type of the installed TRL's DPOTrainer is supported, and each has a hand formula here."""
+    import re
+
+    from trl_marl.algorithms.losses import DPO_LOSS_TYPES
+    from trl_marl.trainers.preference.trl_pieces import trl_dpo_loss_types
+
+    assert set(HAND) | set(BATCH_HAND) == set(DPO_LOSS_TYPES)
+    assert set(re.findall(r"`'([a-z_]+)'`", trl_dpo_loss_types())) == set(DPO_LOSS_TYPES)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("loss_type", sorted(BATCH_HAND))
+def test_joint_batch_dpo_losses_and_per_agent_gradients_match_hand_computation(loss_type, n):
+    """aot / aot_unpaired / sft: the joint loss is TRL's formula on the JOINT values (one sort of the pairs by the
+    joint log-ratios; the joint chosen NLL), and each agent's gradient is that formula's derivative through its own
+    values once."""
+    from trl_marl.algorithms.losses import joint_dpo_loss
+
+    beta, eps, P = 0.4, 0.1, 3
+    c_vals = [[-1.0, -2.5, 0.3], [-0.5, -1.5, 0.9], [-2.0, -0.25, 0.4]][:n]  # log-ratios, agents x pairs
+    r_vals = [[-1.5, -1.0, 0.7], [-2.0, -0.5, -0.6], [-1.5, -3.0, 0.2]][:n]
+    rc_vals = [[-4.0, -6.0, -3.0], [-5.0, -2.0, -7.0], [-3.5, -9.0, -2.5]][:n]  # reference log-probs
+    rr_vals = [[-3.0, -7.5, -5.0], [-6.0, -2.5, -4.0], [-2.0, -6.0, -3.0]][:n]
+    lw = torch.tensor([[3, 5, 2], [2, 4, 6], [6, 1, 3]][:n])
+    ll = torch.tensor([[4, 2, 1], [3, 3, 2], [2, 5, 4]][:n])
+    leaves_c = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in c_vals]
+    leaves_r = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in r_vals]
+    ref_c = torch.tensor(rc_vals, dtype=torch.float64)
+    ref_r = torch.tensor(rr_vals, dtype=torch.float64)
+    backward_loss, joint = joint_dpo_loss(
+        torch.stack(leaves_c), torch.stack(leaves_r), beta, loss_type, None, eps, lw, ll, 0.05, ref_c, ref_r
+    )
+
+    def col_sums(rows):
+        return [sum(row[p] for row in rows) for p in range(P)]
+
+    def hand(c, r):
+        C, R, RC, RR = col_sums(c), col_sums(r), col_sums(rc_vals), col_sums(rr_vals)
+        return BATCH_HAND[loss_type](C, R, RC, RR, [float(x) for x in lw.sum(0)], beta, eps)
+
+    value = hand(c_vals, r_vals)
+    assert joint.item() == pytest.approx(value, rel=1e-9, abs=1e-12)
+    assert backward_loss.item() == pytest.approx(n * value, rel=1e-9, abs=1e-12)
+    if loss_type != "sft":  # the sort matters on these numbers: the pairs' own (unsorted) alignment differs
+        C, R, RC, RR = col_sums(c_vals), col_sums(r_vals), col_sums(rc_vals), col_sums(rr_vals)
+        if loss_type == "aot":
+            unsorted = [(c + rc) - (r + rr) - (rc - rr) for c, r, rc, rr in zip(C, R, RC, RR)]
+        else:
+            unsorted = [c - r for c, r in zip(C, R)]
+        assert abs(_aot_loss(unsorted, beta, eps) - value) > 1e-3
+    backward_loss.backward()
+    h = 1e-6
+    for i in range(n):
+        for p in range(P):
+            for vals, leaves in ((c_vals, leaves_c), (r_vals, leaves_r)):
+                up = [list(row) for row in vals]
+                dn = [list(row) for row in vals]
+                up[i][p] += h
+                dn[i][p] -= h
+                args_up = (up, r_vals) if vals is c_vals else (c_vals, up)
+                args_dn = (dn, r_vals) if vals is c_vals else (c_vals, dn)
+                expected = (hand(*args_up) - hand(*args_dn)) / (2 * h)
+                got = 0.0 if leaves[i].grad is None else leaves[i].grad[p].item()  # None: no path at all
+                assert got == pytest.approx(expected, rel=1e-5, abs=1e-8)
+    if loss_type == "sft":  # agent i's gradient: its own chosen log-probs over the joint chosen token count only
+        for i in range(n):
+            assert torch.allclose(leaves_c[i].grad, torch.full((P,), -1.0 / float(lw.sum()), dtype=torch.float64))
+            assert leaves_r[i].grad is None
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -225,7 +314,7 @@ def test_joint_dpo_loss_sigmoid_without_reference_is_madpo_loss():
     torch.testing.assert_close(j1, j2)
     torch.testing.assert_close(b1, b2)
     with pytest.raises(ValueError, match="loss_type must be one of"):
-        joint_dpo_loss(c, r, 0.1, "aot")
+        joint_dpo_loss(c, r, 0.1, "kto")
     with pytest.raises(ValueError, match="loss_weights"):
         joint_dpo_loss(c, r, 0.1, ["sigmoid", "hinge"], [1.0])
 
@@ -259,7 +348,7 @@ def _madpo(make_args, items, tiny_path, **kw):
     return MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items, **kw)
 
 
-@pytest.mark.parametrize("loss_type", ["hinge", "ipo", "bco_pair"])
+@pytest.mark.parametrize("loss_type", ["hinge", "ipo", "bco_pair", "aot", "sft"])
 def test_madpo_loss_type_gradient_is_the_joint_formulas(make_args, items, tiny_path, loss_type):
     """Through the trainer: the loss is TRL's formula on the joint response and each agent's gradient is the joint
     loss's derivative through its OWN log-probs only."""

@@ -121,11 +121,14 @@ class MADPOConfig(PreferenceConfig):
     Parameters:
         beta: eta, the scale of the joint margin in the loss (TRL's `beta`; for `ipo` the regularization tau).
         dpo_beta: deprecated alias of `beta` (with a FutureWarning).
-        loss_type: one or more of TRL's DPO loss types applied to the JOINT response: `sigmoid` (default, the
-            spec's MADPO), `hinge`, `ipo`, `exo_pair`, `nca_pair`, `robust`, `bco_pair`, `sppo_hard`, `apo_zero`,
-            `apo_down`, `discopop`, `sigmoid_norm`.
+        loss_type: one or more of TRL's DPO loss types (all 15 of TRL 1.16) applied to the JOINT response:
+            `sigmoid` (default, the spec's MADPO), `hinge`, `ipo`, `exo_pair`, `nca_pair`, `robust`, `bco_pair`,
+            `sppo_hard`, `aot`, `aot_unpaired`, `apo_zero`, `apo_down`, `discopop`, `sft`, `sigmoid_norm`
+            (`aot` sorts the JOINT log-ratios across the batch; `sft` is the joint chosen responses' token-mean NLL;
+            see `trl_marl.algorithms.losses.joint_dpo_loss`).
         loss_weights: one weight per `loss_type` when several are combined (`None`: all 1).
-        label_smoothing: eps of the `robust` and `exo_pair` losses (TRL's `label_smoothing`).
+        label_smoothing: eps of the `robust`, `exo_pair`, `aot` and `aot_unpaired` losses (TRL's
+            `label_smoothing`).
         discopop_tau: tau of the `discopop` loss.
         precompute_ref_log_probs: compute every pair's reference log-probs once before training (with `ref_model`,
             or, without one, with the INITIAL agents: the reference is then the starting policy at no memory cost).
@@ -141,7 +144,9 @@ class MADPOConfig(PreferenceConfig):
     loss_weights: list[float] | None = field(
         default=None, metadata={"help": "Weights of several loss types (None: all 1)."}
     )
-    label_smoothing: float = field(default=0.0, metadata={"help": "eps of the robust and exo_pair losses."})
+    label_smoothing: float = field(
+        default=0.0, metadata={"help": "eps of the robust, exo_pair, aot and aot_unpaired losses."}
+    )
     discopop_tau: float = field(default=0.05, metadata={"help": "tau of the discopop loss."})
     precompute_ref_log_probs: bool = field(
         default=False,
@@ -164,6 +169,10 @@ class MADPOConfig(PreferenceConfig):
             )
         if "robust" in self.loss_type and not 0 <= self.label_smoothing < 0.5:
             raise ValueError(f"loss_type 'robust' needs 0 <= label_smoothing < 0.5, got {self.label_smoothing}")
+        if {"aot", "aot_unpaired"} & set(self.loss_type) and not 0 <= self.label_smoothing <= 1:
+            raise ValueError(
+                f"loss_type 'aot'/'aot_unpaired' need 0 <= label_smoothing <= 1, got {self.label_smoothing}"
+            )
         if "exo_pair" in self.loss_type and not 0 < self.label_smoothing < 1:
             raise ValueError(f"loss_type 'exo_pair' needs 0 < label_smoothing < 1, got {self.label_smoothing}")
         if self.discopop_tau <= 0:
@@ -492,12 +501,23 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         pairs = inputs["pairs"]
         a = self.args
         logp_c, logp_r, lw, ll = self.preference_logps(model, pairs)
-        chosen, rejected = logp_c, logp_r
+        chosen, rejected, ref_c, ref_r = logp_c, logp_r, None, None
         if self.uses_reference:
             ref_c, ref_r = self.reference_logps(pairs, logp_c.device)
-            chosen, rejected = logp_c - ref_c.to(logp_c.dtype), logp_r - ref_r.to(logp_r.dtype)
+            ref_c, ref_r = ref_c.to(logp_c.dtype), ref_r.to(logp_r.dtype)
+            chosen, rejected = logp_c - ref_c, logp_r - ref_r
         loss, joint = joint_dpo_loss(
-            chosen, rejected, a.beta, a.loss_type, a.loss_weights, a.label_smoothing, lw, ll, a.discopop_tau
+            chosen,
+            rejected,
+            a.beta,
+            a.loss_type,
+            a.loss_weights,
+            a.label_smoothing,
+            lw,
+            ll,
+            a.discopop_tau,
+            ref_c,
+            ref_r,
         )
         self._log_dpo_metrics(chosen.detach(), rejected.detach(), logp_c.detach(), logp_r.detach(), joint)
         # value: the joint loss L (what is logged as `loss`); gradient: the per-agent terms of `joint_dpo_loss`
