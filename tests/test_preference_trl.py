@@ -370,6 +370,68 @@ def test_madpo_loss_type_gradient_is_the_joint_formulas(make_args, items, tiny_p
             torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
 
 
+def _plain_logp(model, prompt, completion, temperature=1.0):
+    """log p(completion | prompt) by one plain forward of `model` on the unpadded sequence (no trl_marl code)."""
+    ids = torch.cat([prompt, completion])[None]
+    logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, completion[:, None]).sum().item()
+
+
+def test_madpo_forward_is_trls_collator_and_one_concatenated_forward_per_agent(make_args, items, tiny_path):
+    """MADPO's per-agent batch is TRL's `DataCollatorForPreference` output, ONE forward per agent scores winners
+    and losers together, and the sequence log-probs equal a plain per-sample forward (at the sampling temperature)."""
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    t = _madpo(make_args, items, tiny_path, cfg={"temperature": 0.7})
+    pairs = t.collect_preference_pairs()[:4]
+    batches = t._agent_pair_batches(pairs)
+    for i, b in enumerate(batches):
+        trl_out = DataCollatorForPreference(pad_token_id=t.tokenizers[i].pad_token_id)(
+            [
+                {"prompt_ids": p.prompt_ids[i].tolist(), "chosen_ids": p.winner_ids[i].tolist(),
+                 "rejected_ids": p.loser_ids[i].tolist()}
+                for p in pairs
+            ]
+        )  # fmt: skip
+        for key in ("input_ids", "attention_mask", "completion_mask"):
+            assert torch.equal(getattr(b, key), trl_out[key]), key
+    calls = [0] * t.num_agents
+    hooks = [
+        a.model.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+        for i, a in enumerate(t.team.agents)
+    ]
+    with torch.no_grad():
+        c, r, lw, ll = t.preference_logps(t.team, pairs)
+    for h in hooks:
+        h.remove()
+    assert calls == [1] * t.num_agents  # chosen and rejected in ONE forward per agent
+    assert "forward" not in vars(t.team.agents[0])  # the fused head was added for that call only
+    with torch.no_grad():
+        for j, p in enumerate(pairs):
+            for i, agent in enumerate(t.team.agents):
+                w = _plain_logp(agent, p.prompt_ids[i], p.winner_ids[i], 0.7)
+                lo = _plain_logp(agent, p.prompt_ids[i], p.loser_ids[i], 0.7)
+                assert c[i, j].item() == pytest.approx(w, abs=1e-4)
+                assert r[i, j].item() == pytest.approx(lo, abs=1e-4)
+                assert lw[i, j].item() == len(p.winner_ids[i]) and ll[i, j].item() == len(p.loser_ids[i])
+    # the gradient path: the margins through the trainer's wrapped team equal the no-grad ones
+    c2, r2, _, _ = t.preference_logps(t.model_wrapped, pairs)
+    torch.testing.assert_close(c2.detach(), c, rtol=1e-5, atol=1e-5)
+    assert c2.requires_grad and t.team.last_entropy is not None and all(e > 0 for e in t.team.last_entropy)
+
+
+def test_madpo_reference_model_is_scored_at_the_policy_temperature(make_args, items, tiny_path):
+    """A reference equal to the initial agents gives log-ratios of 0 at the start also when temperature != 1
+    (the reference used to be scored at temperature 1 and the policy at the sampling temperature)."""
+    t = _madpo(make_args, items, tiny_path, ref_model=tiny_path, cfg={"temperature": 0.7})
+    pairs = t.collect_preference_pairs()[:3]
+    with torch.no_grad():
+        c, r, _, _ = t.preference_logps(t.team, pairs)
+        ref_c, ref_r = t.reference_logps(pairs, c.device)
+    torch.testing.assert_close(ref_c, c, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ref_r, r, rtol=1e-5, atol=1e-5)
+
+
 def test_madpo_reference_model_margins_equal_the_direct_computation(make_args, items, tiny_path):
     from transformers import AutoModelForCausalLM
 

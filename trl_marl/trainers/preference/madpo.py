@@ -28,12 +28,11 @@ from accelerate.utils import gather_object
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import TrainOutput
 
-from ...algorithms.logprobs import sequence_logprobs
 from ...algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
 from ...progress import progress_bar, trainer_shows_progress
-from ...team import agent_token_logprobs, collate_agent_batch
 from ..base import MultiAgentTrainer, _identity_collate
 from ..config import MultiAgentConfig
+from .dpo_forward import PreferenceBatch
 from .pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_from_rollout
 
 __all__ = ["PreferenceConfig", "MADPOConfig", "MADPOTrainer", "PreferenceCollectionMixin", "COLLABORATION_MODES"]
@@ -420,26 +419,29 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
             self.pairs = extra["pairs"]
 
     # ---- the loss ----
-    def _agent_pair_batches(self, pairs: list[PreferencePair]):
-        """Per agent, one batch laid out as TRL's DPO collator does: `[all winners ; all losers]`."""
-        batches = []
-        for i in range(self.num_agents):
-            prompts = [p.prompt_ids[i] for p in pairs] * 2
-            completions = [p.winner_ids[i] for p in pairs] + [p.loser_ids[i] for p in pairs]
-            batches.append(collate_agent_batch(prompts, completions, self.tokenizers[i].pad_token_id))
-        return batches
+    def _agent_pair_batches(self, pairs: list[PreferencePair]) -> list[PreferenceBatch]:
+        """Per agent, one batch from TRL's DPO collator: `[all winners ; all losers]` (`PreferenceBatch.collate`)."""
+        return [
+            PreferenceBatch.collate(
+                [p.prompt_ids[i] for p in pairs],
+                [p.winner_ids[i] for p in pairs],
+                [p.loser_ids[i] for p in pairs],
+                self.tokenizers[i].pad_token_id,
+            )
+            for i in range(self.num_agents)
+        ]
 
     def preference_logps(self, model, pairs: list[PreferencePair]):
         """Per agent `(n, P)`: the winners' and losers' sequence log-probs and completion token counts, from ONE
-        forward per agent over the winners and losers of the batch together."""
+        forward per agent over the winners and losers of the batch together (TRL's concatenated forward,
+        `PreferenceBatch.token_logps`, run through the team so the engine wrapping it sees the forward)."""
         batches = self._agent_pair_batches(pairs)
         token_logps = model(batches)
         chosen, rejected, lw, ll = [], [], [], []
         device = token_logps[0].device
         for logp, batch in zip(token_logps, batches):
-            mask = batch.completion_mask.to(logp.device)
-            w, lo = sequence_logprobs(logp, mask).chunk(2)
-            nw, nl = mask.sum(dim=1).chunk(2)
+            w, lo = PreferenceBatch.chosen_rejected(logp)
+            nw, nl = batch.lengths()
             chosen.append(w.to(device))
             rejected.append(lo.to(device))
             lw.append(nw.to(device))
@@ -453,15 +455,16 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
 
     @torch.no_grad()
     def _reference_forward(self, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reference log-probs `(n, P)` of the winners and losers: the `ref_model`s, else the agents as they are."""
+        """Reference log-probs `(n, P)` of the winners and losers: the `ref_model`s, else the agents as they are.
+        Scored exactly as the policy is (same TRL forward, same temperature), so a reference equal to the policy
+        gives log-ratios of 0."""
         if self.ref_models is None:
             chosen, rejected, _, _ = self.preference_logps(self.team, pairs)
             return chosen, rejected
         outs_c, outs_r = [], []
         for ref, batch in zip(self.ref_models, self._agent_pair_batches(pairs)):
-            mask = batch.completion_mask
-            logp = agent_token_logprobs(ref, batch)
-            w, lo = sequence_logprobs(logp, mask.to(logp.device)).chunk(2)
+            logp, _ = batch.token_logps(ref, self.team.temperature)
+            w, lo = PreferenceBatch.chosen_rejected(logp)
             outs_c.append(w.float().cpu())
             outs_r.append(lo.float().cpu())
         return torch.stack(outs_c), torch.stack(outs_r)
