@@ -414,6 +414,19 @@ def test_madpo_forward_is_trls_collator_and_one_concatenated_forward_per_agent(m
                 assert c[i, j].item() == pytest.approx(w, abs=1e-4)
                 assert r[i, j].item() == pytest.approx(lo, abs=1e-4)
                 assert lw[i, j].item() == len(p.winner_ids[i]) and ll[i, j].item() == len(p.loser_ids[i])
+    # the same numbers as the forward MADPO had before (our left-padded AgentBatch, still what TeamModel takes)
+    from trl_marl.algorithms.logprobs import sequence_logprobs
+    from trl_marl.team import collate_agent_batch
+
+    old = [
+        collate_agent_batch([p.prompt_ids[i] for p in pairs] * 2,
+                            [p.winner_ids[i] for p in pairs] + [p.loser_ids[i] for p in pairs],
+                            t.tokenizers[i].pad_token_id)
+        for i in range(t.num_agents)
+    ]  # fmt: skip
+    with torch.no_grad():
+        old_logps = torch.stack([sequence_logprobs(lp, b.completion_mask) for lp, b in zip(t.team(old), old)])
+    torch.testing.assert_close(old_logps, torch.cat([c, r], dim=1), rtol=1e-5, atol=1e-4)
     # the gradient path: the margins through the trainer's wrapped team equal the no-grad ones
     c2, r2, _, _ = t.preference_logps(t.model_wrapped, pairs)
     torch.testing.assert_close(c2.detach(), c, rtol=1e-5, atol=1e-5)
