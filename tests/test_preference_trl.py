@@ -304,6 +304,22 @@ def test_joint_dpo_loss_and_per_agent_gradients_match_hand_computation(loss_type
                 assert leaves[i].grad[p].item() == pytest.approx(expected, rel=1e-5, abs=1e-8)
 
 
+def test_joint_dpo_loss_weighted_list_mixes_batch_and_pair_losses():
+    """A list of loss types with `loss_weights` (TRL's way, e.g. DPO + an SFT term): the weighted sum of each type's
+    joint loss."""
+    from trl_marl.algorithms.losses import joint_dpo_loss
+
+    c = torch.tensor([[-1.0, -2.5, 0.3], [-0.5, -1.5, 0.9]], dtype=torch.float64)
+    r = torch.tensor([[-1.5, -1.0, 0.7], [-2.0, -0.5, -0.6]], dtype=torch.float64)
+    rc = torch.tensor([[-4.0, -6.0, -3.0], [-5.0, -2.0, -7.0]], dtype=torch.float64)
+    lw = torch.tensor([[3, 5, 2], [2, 4, 6]])
+    _, mixed = joint_dpo_loss(c, r, 0.4, ["sigmoid", "sft"], [0.5, 2.0], 0.0, lw, lw, ref_chosen=rc, ref_rejected=rc)
+    C, R, RC = c.sum(0).tolist(), r.sum(0).tolist(), rc.sum(0).tolist()
+    sigmoid = sum(HAND["sigmoid"](x, y, 1, 1, 0.4, 0.0) for x, y in zip(C, R)) / 3
+    sft = BATCH_HAND["sft"](C, R, RC, RC, lw.sum(0).tolist(), 0.4, 0.0)
+    assert mixed.item() == pytest.approx(0.5 * sigmoid + 2.0 * sft, rel=1e-12)
+
+
 def test_joint_dpo_loss_sigmoid_without_reference_is_madpo_loss():
     from trl_marl.algorithms.losses import joint_dpo_loss, madpo_loss
 
