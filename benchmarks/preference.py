@@ -7,9 +7,14 @@
 `RewardTrainer` (what `JointRewardModel.fit` does now) against the hand-written AdamW loop it replaced (kept below
 as the baseline), and the TRL fit under 1 and 2 processes (`accelerate launch`: DDP over gloo, ZeRO-3, FSDP2).
 
-In the same run it times the margin computation two ways on the same pairs: ONE masked forward per agent over the
-batch's winners and losers together (what `MADPOTrainer` does) and one forward per sequence (what the reference
-implementation does), and reports the ratio.
+In the same run it times the margin computation on the same pairs (no grad, and forward + backward):
+  * `trl_concatenated`: what `MADPOTrainer` does, TRL's `DataCollatorForPreference` per agent and ONE forward over
+    winners and losers together through TRL's fused LM head (`DPOTrainer._compute_loss`'s scheme);
+  * `two_forwards`: the same TRL scheme, with the winners and the losers in two forwards per agent;
+  * `own_collate`: the forward MADPO had before (our left-padded `collate_agent_batch` of `[winners; losers]`, one
+    forward per agent, logits of the completion positions + `selective_log_softmax`);
+  * `per_sequence` (no grad only): one forward per sequence (what the reference implementation does);
+and reports the ratios.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def main(argv=None) -> dict:
     p.add_argument("--reward-fit", action="store_true", help="time the joint reward-model fit (TRL vs the old loop)")
     p.add_argument("--pairs", type=int, default=128, help="--reward-fit: preference pairs")
     p.add_argument("--epochs", type=int, default=2, help="--reward-fit: epochs")
-    p.add_argument("--repeats", type=int, default=3, help="--reward-fit: timed repeats (the best is kept)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats (the best is kept)")
     args = p.parse_args(argv)
     if args.reward_fit:
         return reward_fit(args)
@@ -77,37 +82,80 @@ def main(argv=None) -> dict:
     trainer.train()
     train_s = time.perf_counter() - t0
 
-    # margins: one batched forward per agent vs one forward per sequence, same pairs, no grad
+    # margins on the same pairs, several ways (see the module docstring)
+    from trl_marl.trainers.preference.dpo_forward import PreferenceBatch
+
     pairs = trainer.pairs[: args.batch]
     team = trainer.team.eval()
+    T = trainer.args.temperature
 
-    def batched():
-        with torch.no_grad():
-            return trainer.preference_margins(team, pairs)
+    def trl_concatenated():
+        return trainer.preference_margins(team, pairs)
+
+    def two_forwards():  # through the team as MADPO calls it: the winners' batches, then the losers'
+        halves = []
+        for rows in (slice(0, len(pairs)), slice(len(pairs), None)):
+            batches = []
+            for b in trainer._agent_pair_batches(pairs):
+                width = int(b.attention_mask[rows].sum(1).max())
+                batches.append(PreferenceBatch(b.input_ids[rows, :width], b.attention_mask[rows, :width],
+                                               b.completion_mask[rows, :width]))  # fmt: skip
+            halves.append(torch.stack([lp.sum(1) for lp in team(batches)]))
+        return halves[0] - halves[1]
+
+    def own_collate():  # the replaced MADPO forward: AgentBatch through the team (TeamModel.forward still takes it)
+        batches = [
+            collate_agent_batch(
+                [p.prompt_ids[i] for p in pairs] * 2,
+                [p.winner_ids[i] for p in pairs] + [p.loser_ids[i] for p in pairs],
+                trainer.tokenizers[i].pad_token_id,
+            )
+            for i in range(len(team.agents))
+        ]
+        out = []
+        for lp, b in zip(team(batches), batches):
+            w, lo = sequence_logprobs(lp, b.completion_mask).chunk(2)
+            out.append(w - lo)
+        return torch.stack(out)
 
     def per_sequence():
         out = []
-        with torch.no_grad():
-            for i, agent in enumerate(team.agents):
-                pad = trainer.tokenizers[i].pad_token_id
-                row = []
-                for pr in pairs:
-                    s = []
-                    for comp in (pr.winner_ids[i], pr.loser_ids[i]):
-                        b = collate_agent_batch([pr.prompt_ids[i]], [comp], pad)
-                        s.append(sequence_logprobs(agent_token_logprobs(agent, b), b.completion_mask)[0])
-                    row.append(s[0] - s[1])
-                out.append(torch.stack(row))
+        for i, agent in enumerate(team.agents):
+            pad = trainer.tokenizers[i].pad_token_id
+            row = []
+            for pr in pairs:
+                s = []
+                for comp in (pr.winner_ids[i], pr.loser_ids[i]):
+                    b = collate_agent_batch([pr.prompt_ids[i]], [comp], pad)
+                    s.append(sequence_logprobs(agent_token_logprobs(agent, b, T), b.completion_mask)[0])
+                row.append(s[0] - s[1])
+            out.append(torch.stack(row))
         return torch.stack(out)
 
-    torch.testing.assert_close(batched(), per_sequence(), atol=1e-3, rtol=1e-4)
-    timings = {}
-    for name, fn in (("batched", batched), ("per_sequence", per_sequence)):
-        fn()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            fn()
-        timings[name] = (time.perf_counter() - t0) / 10
+    with torch.no_grad():
+        ref = trl_concatenated()
+        for fn in (two_forwards, own_collate, per_sequence):
+            torch.testing.assert_close(fn(), ref, atol=1e-3, rtol=1e-4)
+    schemes = {"trl_concatenated": trl_concatenated, "two_forwards": two_forwards, "own_collate": own_collate}
+    reps = args.repeats * 5
+    timings = {name: float("inf") for name in [*schemes, "per_sequence"]}  # interleaved repeats, best kept
+    for _ in range(args.repeats):
+        for name, fn in {**schemes, "per_sequence": per_sequence}.items():
+            with torch.no_grad():
+                fn()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+            timings[name] = min(timings[name], (time.perf_counter() - t0) / reps)
+    grad_timings = {name: float("inf") for name in schemes}
+    team.train()
+    for _ in range(args.repeats):
+        for name, fn in schemes.items():
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn().sum().backward()
+            grad_timings[name] = min(grad_timings[name], (time.perf_counter() - t0) / reps)
+            team.zero_grad()
     report = {
         "config": {
             "items": args.items,
@@ -123,16 +171,20 @@ def main(argv=None) -> dict:
         "joint_responses_per_s": args.items * args.candidates / collect_s,
         "train_s": train_s,
         "training_pairs_per_s": n_pairs / train_s,
-        "margin_s_batched": timings["batched"],
-        "margin_s_per_sequence": timings["per_sequence"],
-        "margin_speedup_batched_vs_per_sequence": timings["per_sequence"] / timings["batched"],
+        "margin_s": timings,
+        "margin_forward_backward_s": grad_timings,
+        "margin_speedup_batched_vs_per_sequence": timings["per_sequence"] / timings["trl_concatenated"],
+        "margin_two_forwards_over_concatenated": timings["two_forwards"] / timings["trl_concatenated"],
+        "margin_own_collate_over_trl_concatenated": timings["own_collate"] / timings["trl_concatenated"],
+        "step_two_forwards_over_concatenated": grad_timings["two_forwards"] / grad_timings["trl_concatenated"],
+        "step_own_collate_over_trl_concatenated": grad_timings["own_collate"] / grad_timings["trl_concatenated"],
     }
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     for k, v in report.items():
         if k != "config":
-            print(f"{k:40s} {v:.4f}" if isinstance(v, float) else f"{k:40s} {v}")
+            print(f"{k:44s} {v:.4f}" if isinstance(v, float) else f"{k:44s} {v}")
     return report
 
 

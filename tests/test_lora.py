@@ -177,3 +177,32 @@ def test_actor_critic_with_lora_agents_and_no_shared_base(make_args, items, tiny
             peft_config=LORA,
             args=make_args(MAACConfig, num_generations=1, share_base_model=True),
         )
+
+
+def test_madpo_trl_forward_through_a_shared_base_team(make_args, items, tiny_path):
+    """MADPO's TRL concatenated forward (fused LM head on the base model under PEFT) through adapter views of ONE
+    shared base: each agent's log-probs are its own adapter's (a plain forward with that adapter active), the
+    gradient reaches only the adapters, and the shared model's forward is left as it was."""
+    args = make_args(MADPOConfig, share_base_model=True, preference_num_candidates=3, learning_rate=1e-2)
+    t = MADPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items, peft_config=LORA)
+    team = t.team
+    with torch.no_grad():  # make the two adapters differ (LoRA B starts at zero)
+        for i in range(2):
+            for k, p in team.agent_named_parameters(i):
+                if "lora_B" in k:
+                    p.normal_(0, 0.5 * (i + 1))
+    pairs = t.collect_preference_pairs()[:3]
+    c, r, _, _ = t.preference_logps(team, pairs)
+    base = team.shared.get_base_model()
+    assert "forward" not in vars(base)
+    with torch.no_grad():
+        for i, agent in enumerate(team.agents):
+            for j, p in enumerate(pairs):
+                ids = torch.cat([p.prompt_ids[i], p.winner_ids[i]])[None]
+                logits = agent(input_ids=ids).logits[0, len(p.prompt_ids[i]) - 1 : -1]
+                plain = torch.log_softmax(logits.float(), -1).gather(1, p.winner_ids[i][:, None]).sum()
+                assert c[i, j].item() == pytest.approx(plain.item(), abs=1e-4)
+    assert (c[0] - c[1]).abs().max() > 1e-3  # the agents' adapters give different log-probs
+    (c.sum() - r.sum()).backward()
+    grads = {k: p.grad for k, p in team.shared.named_parameters() if p.grad is not None}
+    assert grads and all("lora_" in k for k in grads)

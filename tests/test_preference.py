@@ -145,10 +145,11 @@ def test_madpo_no_pair_ends_without_update(make_args, items, tiny_path):
         ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2"),
         ({"dpo_beta": 0.0}, "beta must be > 0"),
         ({"beta": -1.0}, "beta must be > 0"),
-        ({"loss_type": ["sigmoid", "aot"]}, "loss_type must be one or more of"),
+        ({"loss_type": ["sigmoid", "kto"]}, "loss_type must be one or more of"),
         ({"loss_type": ["sigmoid", "hinge"], "loss_weights": [1.0]}, "loss_weights needs one weight"),
         ({"loss_type": "robust", "label_smoothing": 0.5}, "needs 0 <= label_smoothing < 0.5"),
         ({"loss_type": "exo_pair"}, "needs 0 < label_smoothing < 1"),
+        ({"loss_type": "aot", "label_smoothing": 1.5}, "need 0 <= label_smoothing <= 1"),
         ({"collaboration_mode": "hive"}, "collaboration_mode must be one of"),
     ],
 )

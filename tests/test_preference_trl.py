@@ -165,10 +165,99 @@ HAND = {
 }
 
 
-def test_hand_formulas_cover_every_supported_trl_loss_type():
-    from trl_marl.algorithms.losses import DPO_LOSS_TYPES
+def _aot_loss(delta, b, e):
+    return sum(-(1 - e) * _ls(b * x) - e * _ls(-b * x) for x in delta) / len(delta)
 
-    assert set(HAND) == set(DPO_LOSS_TYPES)
+
+# the loss types that couple a batch's pairs, by hand on lists over pairs: C, R = joint chosen / rejected log-ratios,
+# RC, RR = joint reference log-probs, Lw = joint chosen lengths (TRL 1.16's `_compute_loss` with the policy log-probs
+# C + RC, R + RR)
+BATCH_HAND = {
+    "aot": lambda C, R, RC, RR, Lw, b, e: _aot_loss(
+        [
+            x - y
+            for x, y in zip(
+                sorted((c + rc) - (r + rr) for c, r, rc, rr in zip(C, R, RC, RR)),
+                sorted(rc - rr for rc, rr in zip(RC, RR)),
+            )
+        ],
+        b,
+        e,
+    ),
+    "aot_unpaired": lambda C, R, RC, RR, Lw, b, e: _aot_loss([x - y for x, y in zip(sorted(C), sorted(R))], b, e),
+    "sft": lambda C, R, RC, RR, Lw, b, e: -sum(c + rc for c, rc in zip(C, RC)) / sum(Lw),
+}
+
+
+def test_hand_formulas_cover_every_trl_loss_type():
+    """Every loss type of the installed TRL's DPOTrainer is supported, and each has a hand formula here."""
+    import re
+
+    from trl_marl.algorithms.losses import DPO_LOSS_TYPES
+    from trl_marl.trainers.preference.trl_pieces import trl_dpo_loss_types
+
+    assert set(HAND) | set(BATCH_HAND) == set(DPO_LOSS_TYPES)
+    assert set(re.findall(r"`'([a-z_]+)'`", trl_dpo_loss_types())) == set(DPO_LOSS_TYPES)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("loss_type", sorted(BATCH_HAND))
+def test_joint_batch_dpo_losses_and_per_agent_gradients_match_hand_computation(loss_type, n):
+    """aot / aot_unpaired / sft: the joint loss is TRL's formula on the JOINT values (one sort of the pairs by the
+    joint log-ratios; the joint chosen NLL), and each agent's gradient is that formula's derivative through its own
+    values once."""
+    from trl_marl.algorithms.losses import joint_dpo_loss
+
+    beta, eps, P = 0.4, 0.1, 3
+    c_vals = [[-1.0, -2.5, 0.3], [-0.5, -1.5, 0.9], [-2.0, -0.25, 0.4]][:n]  # log-ratios, agents x pairs
+    r_vals = [[-1.5, -1.0, 0.7], [-2.0, -0.5, -0.6], [-1.5, -3.0, 0.2]][:n]
+    rc_vals = [[-4.0, -6.0, -3.0], [-5.0, -2.0, -7.0], [-3.5, -9.0, -2.5]][:n]  # reference log-probs
+    rr_vals = [[-3.0, -7.5, -5.0], [-6.0, -2.5, -4.0], [-2.0, -6.0, -3.0]][:n]
+    lw = torch.tensor([[3, 5, 2], [2, 4, 6], [6, 1, 3]][:n])
+    ll = torch.tensor([[4, 2, 1], [3, 3, 2], [2, 5, 4]][:n])
+    leaves_c = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in c_vals]
+    leaves_r = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in r_vals]
+    ref_c = torch.tensor(rc_vals, dtype=torch.float64)
+    ref_r = torch.tensor(rr_vals, dtype=torch.float64)
+    backward_loss, joint = joint_dpo_loss(
+        torch.stack(leaves_c), torch.stack(leaves_r), beta, loss_type, None, eps, lw, ll, 0.05, ref_c, ref_r
+    )
+
+    def col_sums(rows):
+        return [sum(row[p] for row in rows) for p in range(P)]
+
+    def hand(c, r):
+        C, R, RC, RR = col_sums(c), col_sums(r), col_sums(rc_vals), col_sums(rr_vals)
+        return BATCH_HAND[loss_type](C, R, RC, RR, [float(x) for x in lw.sum(0)], beta, eps)
+
+    value = hand(c_vals, r_vals)
+    assert joint.item() == pytest.approx(value, rel=1e-9, abs=1e-12)
+    assert backward_loss.item() == pytest.approx(n * value, rel=1e-9, abs=1e-12)
+    if loss_type != "sft":  # the sort matters on these numbers: the pairs' own (unsorted) alignment differs
+        C, R, RC, RR = col_sums(c_vals), col_sums(r_vals), col_sums(rc_vals), col_sums(rr_vals)
+        if loss_type == "aot":
+            unsorted = [(c + rc) - (r + rr) - (rc - rr) for c, r, rc, rr in zip(C, R, RC, RR)]
+        else:
+            unsorted = [c - r for c, r in zip(C, R)]
+        assert abs(_aot_loss(unsorted, beta, eps) - value) > 1e-3
+    backward_loss.backward()
+    h = 1e-6
+    for i in range(n):
+        for p in range(P):
+            for vals, leaves in ((c_vals, leaves_c), (r_vals, leaves_r)):
+                up = [list(row) for row in vals]
+                dn = [list(row) for row in vals]
+                up[i][p] += h
+                dn[i][p] -= h
+                args_up = (up, r_vals) if vals is c_vals else (c_vals, up)
+                args_dn = (dn, r_vals) if vals is c_vals else (c_vals, dn)
+                expected = (hand(*args_up) - hand(*args_dn)) / (2 * h)
+                got = 0.0 if leaves[i].grad is None else leaves[i].grad[p].item()  # None: no path at all
+                assert got == pytest.approx(expected, rel=1e-5, abs=1e-8)
+    if loss_type == "sft":  # agent i's gradient: its own chosen log-probs over the joint chosen token count only
+        for i in range(n):
+            assert torch.allclose(leaves_c[i].grad, torch.full((P,), -1.0 / float(lw.sum()), dtype=torch.float64))
+            assert leaves_r[i].grad is None
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -215,6 +304,22 @@ def test_joint_dpo_loss_and_per_agent_gradients_match_hand_computation(loss_type
                 assert leaves[i].grad[p].item() == pytest.approx(expected, rel=1e-5, abs=1e-8)
 
 
+def test_joint_dpo_loss_weighted_list_mixes_batch_and_pair_losses():
+    """A list of loss types with `loss_weights` (TRL's way, e.g. DPO + an SFT term): the weighted sum of each type's
+    joint loss."""
+    from trl_marl.algorithms.losses import joint_dpo_loss
+
+    c = torch.tensor([[-1.0, -2.5, 0.3], [-0.5, -1.5, 0.9]], dtype=torch.float64)
+    r = torch.tensor([[-1.5, -1.0, 0.7], [-2.0, -0.5, -0.6]], dtype=torch.float64)
+    rc = torch.tensor([[-4.0, -6.0, -3.0], [-5.0, -2.0, -7.0]], dtype=torch.float64)
+    lw = torch.tensor([[3, 5, 2], [2, 4, 6]])
+    _, mixed = joint_dpo_loss(c, r, 0.4, ["sigmoid", "sft"], [0.5, 2.0], 0.0, lw, lw, ref_chosen=rc, ref_rejected=rc)
+    C, R, RC = c.sum(0).tolist(), r.sum(0).tolist(), rc.sum(0).tolist()
+    sigmoid = sum(HAND["sigmoid"](x, y, 1, 1, 0.4, 0.0) for x, y in zip(C, R)) / 3
+    sft = BATCH_HAND["sft"](C, R, RC, RC, lw.sum(0).tolist(), 0.4, 0.0)
+    assert mixed.item() == pytest.approx(0.5 * sigmoid + 2.0 * sft, rel=1e-12)
+
+
 def test_joint_dpo_loss_sigmoid_without_reference_is_madpo_loss():
     from trl_marl.algorithms.losses import joint_dpo_loss, madpo_loss
 
@@ -225,7 +330,7 @@ def test_joint_dpo_loss_sigmoid_without_reference_is_madpo_loss():
     torch.testing.assert_close(j1, j2)
     torch.testing.assert_close(b1, b2)
     with pytest.raises(ValueError, match="loss_type must be one of"):
-        joint_dpo_loss(c, r, 0.1, "aot")
+        joint_dpo_loss(c, r, 0.1, "kto")
     with pytest.raises(ValueError, match="loss_weights"):
         joint_dpo_loss(c, r, 0.1, ["sigmoid", "hinge"], [1.0])
 
@@ -259,7 +364,7 @@ def _madpo(make_args, items, tiny_path, **kw):
     return MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items, **kw)
 
 
-@pytest.mark.parametrize("loss_type", ["hinge", "ipo", "bco_pair"])
+@pytest.mark.parametrize("loss_type", ["hinge", "ipo", "bco_pair", "aot", "sft"])
 def test_madpo_loss_type_gradient_is_the_joint_formulas(make_args, items, tiny_path, loss_type):
     """Through the trainer: the loss is TRL's formula on the joint response and each agent's gradient is the joint
     loss's derivative through its OWN log-probs only."""
@@ -279,6 +384,81 @@ def test_madpo_loss_type_gradient_is_the_joint_formulas(make_args, items, tiny_p
     for i, agent in enumerate(team.agents):
         for g, p in zip(got[i], agent.parameters()):
             torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def _plain_logp(model, prompt, completion, temperature=1.0):
+    """log p(completion | prompt) by one plain forward of `model` on the unpadded sequence (no trl_marl code)."""
+    ids = torch.cat([prompt, completion])[None]
+    logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, completion[:, None]).sum().item()
+
+
+def test_madpo_forward_is_trls_collator_and_one_concatenated_forward_per_agent(make_args, items, tiny_path):
+    """MADPO's per-agent batch is TRL's `DataCollatorForPreference` output, ONE forward per agent scores winners
+    and losers together, and the sequence log-probs equal a plain per-sample forward (at the sampling temperature)."""
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    t = _madpo(make_args, items, tiny_path, cfg={"temperature": 0.7})
+    pairs = t.collect_preference_pairs()[:4]
+    batches = t._agent_pair_batches(pairs)
+    for i, b in enumerate(batches):
+        trl_out = DataCollatorForPreference(pad_token_id=t.tokenizers[i].pad_token_id)(
+            [
+                {"prompt_ids": p.prompt_ids[i].tolist(), "chosen_ids": p.winner_ids[i].tolist(),
+                 "rejected_ids": p.loser_ids[i].tolist()}
+                for p in pairs
+            ]
+        )  # fmt: skip
+        for key in ("input_ids", "attention_mask", "completion_mask"):
+            assert torch.equal(getattr(b, key), trl_out[key]), key
+    calls = [0] * t.num_agents
+    hooks = [
+        a.model.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+        for i, a in enumerate(t.team.agents)
+    ]
+    with torch.no_grad():
+        c, r, lw, ll = t.preference_logps(t.team, pairs)
+    for h in hooks:
+        h.remove()
+    assert calls == [1] * t.num_agents  # chosen and rejected in ONE forward per agent
+    assert "forward" not in vars(t.team.agents[0])  # the fused head was added for that call only
+    with torch.no_grad():
+        for j, p in enumerate(pairs):
+            for i, agent in enumerate(t.team.agents):
+                w = _plain_logp(agent, p.prompt_ids[i], p.winner_ids[i], 0.7)
+                lo = _plain_logp(agent, p.prompt_ids[i], p.loser_ids[i], 0.7)
+                assert c[i, j].item() == pytest.approx(w, abs=1e-4)
+                assert r[i, j].item() == pytest.approx(lo, abs=1e-4)
+                assert lw[i, j].item() == len(p.winner_ids[i]) and ll[i, j].item() == len(p.loser_ids[i])
+    # the same numbers as the forward MADPO had before (our left-padded AgentBatch, still what TeamModel takes)
+    from trl_marl.algorithms.logprobs import sequence_logprobs
+    from trl_marl.team import collate_agent_batch
+
+    old = [
+        collate_agent_batch([p.prompt_ids[i] for p in pairs] * 2,
+                            [p.winner_ids[i] for p in pairs] + [p.loser_ids[i] for p in pairs],
+                            t.tokenizers[i].pad_token_id)
+        for i in range(t.num_agents)
+    ]  # fmt: skip
+    with torch.no_grad():
+        old_logps = torch.stack([sequence_logprobs(lp, b.completion_mask) for lp, b in zip(t.team(old), old)])
+    torch.testing.assert_close(old_logps, torch.cat([c, r], dim=1), rtol=1e-5, atol=1e-4)
+    # the gradient path: the margins through the trainer's wrapped team equal the no-grad ones
+    c2, r2, _, _ = t.preference_logps(t.model_wrapped, pairs)
+    torch.testing.assert_close(c2.detach(), c, rtol=1e-5, atol=1e-5)
+    assert c2.requires_grad and t.team.last_entropy is not None and all(e > 0 for e in t.team.last_entropy)
+
+
+def test_madpo_reference_model_is_scored_at_the_policy_temperature(make_args, items, tiny_path):
+    """A reference equal to the initial agents gives log-ratios of 0 at the start also when temperature != 1
+    (the reference used to be scored at temperature 1 and the policy at the sampling temperature)."""
+    t = _madpo(make_args, items, tiny_path, ref_model=tiny_path, cfg={"temperature": 0.7})
+    pairs = t.collect_preference_pairs()[:3]
+    with torch.no_grad():
+        c, r, _, _ = t.preference_logps(t.team, pairs)
+        ref_c, ref_r = t.reference_logps(pairs, c.device)
+    torch.testing.assert_close(ref_c, c, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ref_r, r, rtol=1e-5, atol=1e-5)
 
 
 def test_madpo_reference_model_margins_equal_the_direct_computation(make_args, items, tiny_path):

@@ -142,7 +142,9 @@ class TeamModel(nn.Module):
 
         `agent_batches[i]` is agent i's batch (or None to skip it). Returns, per agent, a `(B_i, C_i)` tensor of
         completion-token log-probs (multiply by `batch.completion_mask` and sum for sequence log-probs).
-        One forward pass per agent, for the whole batch.
+        One forward pass per agent, for the whole batch. A batch that is not an `AgentBatch` brings its own
+        forward scheme: `batch.token_logps(agent, temperature, return_entropy)` returning `(log-probs, per-token
+        entropy or None)` with `batch.shift_completion_mask` over them (MADPO's TRL-layout preference batch).
         """
         if len(agent_batches) != len(self.agents):
             raise ValueError(f"expected {len(self.agents)} agent batches, got {len(agent_batches)}")
@@ -154,9 +156,14 @@ class TeamModel(nn.Module):
                 logps.append(None)
                 entropies.append(None)
                 continue
-            res = forward_completions(agent, batch, self.temperature, return_entropy=record)
-            logps.append(res[1])
-            entropies.append(masked_mean_entropy(res[2], batch.completion_mask) if record else None)
+            if isinstance(batch, AgentBatch):
+                _, logp, *entropy = forward_completions(agent, batch, self.temperature, return_entropy=record)
+                mask = batch.completion_mask
+            else:
+                logp, *entropy = batch.token_logps(agent, self.temperature, return_entropy=record)
+                mask = batch.shift_completion_mask
+            logps.append(logp)
+            entropies.append(masked_mean_entropy(entropy[0], mask) if record else None)
         if record:
             self.last_entropy = entropies
         return logps

@@ -15,14 +15,15 @@ __all__ = [
     "bradley_terry_loss",
     "madpo_loss",
     "DPO_LOSS_TYPES",
+    "DPO_BATCH_LOSS_TYPES",
     "dpo_pair_loss",
     "joint_dpo_loss",
     "k3_kl",
 ]
 
-# TRL 1.16 `DPOTrainer` loss types that are a function of one pair's chosen / rejected log-ratios (and completion
-# lengths), and so apply to a JOINT response. Not here: `aot` / `aot_unpaired` (they sort the batch), `sft`
-# (per-token, not a margin).
+# Every loss type of TRL 1.16's `DPOTrainer`, applied to the JOINT response (`joint_dpo_loss`). Most are a function
+# of one pair's chosen / rejected log-ratios (and completion lengths); `aot` / `aot_unpaired` sort them across the
+# batch and `sft` is the chosen responses' token-mean NLL (`DPO_BATCH_LOSS_TYPES`).
 DPO_LOSS_TYPES = (
     "sigmoid",
     "hinge",
@@ -32,11 +33,16 @@ DPO_LOSS_TYPES = (
     "robust",
     "bco_pair",
     "sppo_hard",
+    "aot",
+    "aot_unpaired",
     "apo_zero",
     "apo_down",
     "discopop",
+    "sft",
     "sigmoid_norm",
 )
+# the ones that are not a per-pair function: they couple the pairs of the batch (sorting, a token mean)
+DPO_BATCH_LOSS_TYPES = ("aot", "aot_unpaired", "sft")
 
 
 def policy_gradient_loss(logprob_sums: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
@@ -147,11 +153,15 @@ def dpo_pair_loss(
     chosen_lengths: torch.Tensor | None = None,
     rejected_lengths: torch.Tensor | None = None,
     discopop_tau: float = 0.05,
+    ref_chosen: torch.Tensor | None = None,
+    ref_rejected: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-pair DPO loss `(P,)` of TRL 1.16's `DPOTrainer` (reverse-KL f-divergence), same names and formulas.
 
     `chosen` = log pi(y_w|x) - log pi_ref(y_w|x), `rejected` likewise for y_l (reference-free: the log-probs
-    themselves); `d = chosen - rejected`; `Lw`, `Ll` = completion token counts; `eps` = `label_smoothing`:
+    themselves); `d = chosen - rejected`; `Lw`, `Ll` = completion token counts; `eps` = `label_smoothing`;
+    `ref_chosen`, `ref_rejected` = the reference log-probs `log pi_ref(y_w|x)`, `log pi_ref(y_l|x)` (`None`: 0,
+    reference-free), needed only where TRL uses the policy's log-probs themselves (`aot`, `sft`):
 
         sigmoid       -log s(beta d)
         hinge         relu(1 - beta d)
@@ -166,9 +176,30 @@ def dpo_pair_loss(
         discopop      z = beta d, m = s(z/tau):  -log s(z)(1 - m) + exp(-z) m
         sigmoid_norm  -log s(beta (chosen/Lw - rejected/Ll))
 
+    and three that couple the pairs of the batch (entry j of the result is then rank j, or the batch value):
+
+        aot           delta = sort_p(d + RC - RR) - sort_p(RC - RR)   (sorted policy log-ratio minus sorted reference
+                      log-ratio, RC / RR = ref_chosen / ref_rejected), loss -(1-eps) log s(beta delta)
+                      - eps log s(-beta delta)
+        aot_unpaired  delta = sort_p(chosen) - sort_p(rejected), same loss as aot
+        sft           - sum_p (chosen_p + RC_p) / sum_p Lw_p  (token-mean NLL of the chosen responses; every entry)
+
     (`s` is the logistic sigmoid.)
     """
     d = chosen - rejected
+    if loss_type in ("aot", "aot_unpaired"):
+        if loss_type == "aot":
+            ref_d = _ref_or_zero(ref_chosen, d) - _ref_or_zero(ref_rejected, d)
+            delta = torch.sort(d + ref_d, dim=0)[0] - torch.sort(ref_d, dim=0)[0]
+        else:
+            delta = torch.sort(chosen, dim=0)[0] - torch.sort(rejected, dim=0)[0]
+        eps = label_smoothing
+        return -F.logsigmoid(beta * delta) * (1 - eps) - F.logsigmoid(-beta * delta) * eps
+    if loss_type == "sft":
+        if chosen_lengths is None:
+            raise ValueError("loss_type='sft' needs the completion lengths")
+        nll = -(chosen + _ref_or_zero(ref_chosen, chosen)).sum() / chosen_lengths.sum().clamp(min=1)
+        return nll.expand(chosen.shape[0])
     if loss_type == "sigmoid":
         return -F.logsigmoid(beta * d)
     if loss_type == "hinge":
@@ -204,6 +235,10 @@ def dpo_pair_loss(
     raise ValueError(f"loss_type must be one of {list(DPO_LOSS_TYPES)}, got {loss_type!r}")
 
 
+def _ref_or_zero(ref: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like) if ref is None else ref.detach().to(like.dtype)
+
+
 def joint_dpo_loss(
     chosen: torch.Tensor,
     rejected: torch.Tensor,
@@ -214,17 +249,31 @@ def joint_dpo_loss(
     chosen_lengths: torch.Tensor | None = None,
     rejected_lengths: torch.Tensor | None = None,
     discopop_tau: float = 0.05,
+    ref_chosen: torch.Tensor | None = None,
+    ref_rejected: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A DPO loss of TRL's family on the JOINT response, each agent's gradient through its own terms only (MADPO).
 
     Inputs are per agent `(n, P)`: `chosen[i]` = agent i's winner log-ratio (log pi_i - log pi_ref,i; the log-prob
-    when reference-free), `rejected[i]` the loser's, lengths its completion token counts. The joint response's
-    log-ratios and lengths are the sums over agents (`C = sum_i chosen_i`, so `C - R = Delta`, the joint margin):
+    when reference-free), `rejected[i]` the loser's, lengths its completion token counts, `ref_chosen[i]` /
+    `ref_rejected[i]` its reference log-probs (constants; `None`: reference-free). The joint response's log-ratios,
+    lengths and reference log-probs are the sums over agents (`C = sum_i chosen_i`, so `C - R = Delta`, the joint
+    margin; the joint policy is the product of the agents' policies, so its log-probs add):
 
         L = sum_k w_k mean_p loss_k(C, R, Lw, Ll)                     (`dpo_pair_loss`, weights `loss_weights`)
 
+    What "joint" means for the loss types that couple the pairs of a batch:
+      * `aot`: TRL sorts, across the batch, the policy log-ratios `log pi(y_w) - log pi(y_l)` and, separately, the
+        reference's. Here both are the JOINT ones (`Delta + RC - RR` and `RC - RR`, summed over agents): ONE
+        sort over the batch's pairs by the joint values (agents are never sorted separately), then TRL's
+        `-(1-eps) log s(beta delta) - eps log s(-beta delta)` on the rank-aligned differences.
+      * `aot_unpaired`: the joint chosen log-ratios `C` and the joint rejected ones `R` sorted separately.
+      * `sft`: the token-mean NLL of the joint chosen responses, `- sum_p sum_i log pi_i(y_w,i) / sum_p sum_i Lw_i`
+        (= `sum_i (N_i / N) NLL_i`, agent i's own chosen NLL weighted by its share of the chosen tokens).
+
     Agent i's term evaluates L at `chosen_i + sg(sum_{j != i} chosen_j)` (likewise for rejected), the other agents'
-    values detached, so its gradient is `dL/dC grad chosen_i + dL/dR grad rejected_i` at the joint values.
+    values detached, so its gradient is `dL/dC grad chosen_i + dL/dR grad rejected_i` at the joint values (for
+    the sorting losses: through the permutation of the joint values; for `sft`: agent i's own chosen NLL over N).
     Returns `(backward_loss, L)`: `backward_loss` = the sum of the agents' terms (backward through it), `L`
     detached, for logging. With `"sigmoid"` and no reference this is `madpo_loss(chosen - rejected, beta)`.
     """
@@ -235,10 +284,17 @@ def joint_dpo_loss(
     lw = None if chosen_lengths is None else chosen_lengths.sum(dim=0).to(chosen.dtype)
     ll = None if rejected_lengths is None else rejected_lengths.sum(dim=0).to(chosen.dtype)
 
+    bad = [t for t in types if t not in DPO_LOSS_TYPES]
+    if bad:
+        raise ValueError(f"loss_type must be one of {list(DPO_LOSS_TYPES)}, got {loss_type!r}")
+    ref_c = None if ref_chosen is None else ref_chosen.detach().sum(dim=0).to(chosen.dtype)
+    ref_r = None if ref_rejected is None else ref_rejected.detach().sum(dim=0).to(chosen.dtype)
+
     def total(c: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         out = 0.0
         for t, w in zip(types, weights):
-            out = out + w * dpo_pair_loss(t, c, r, beta, label_smoothing, lw, ll, discopop_tau).mean()
+            per = dpo_pair_loss(t, c, r, beta, label_smoothing, lw, ll, discopop_tau, ref_c, ref_r)
+            out = out + w * per.mean()
         return out
 
     cd, rd = chosen.detach(), rejected.detach()

@@ -7,8 +7,9 @@
 
 Each agent's gradient flows through its own margin only; the weight `sigmoid(-beta * Delta)` is the team's. The
 objective is reference-free by default (as specified; the inherited reference-KL fields add no term). TRL's DPO
-pieces: `loss_type` takes the names and formulas of TRL's `DPOTrainer` (`joint_dpo_loss`, applied to the joint
-response's log-ratios), and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's
+pieces: each agent's batch is padded by TRL's `DataCollatorForPreference` and scored in ONE forward over winners
+and losers, `DPOTrainer._compute_loss`'s scheme with TRL's fused LM head (`dpo_forward.py`); `loss_type` takes the
+names and formulas of TRL's `DPOTrainer`, all 15 (`joint_dpo_loss`, applied to the joint response's log-ratios), and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's
 names) turns each log-prob into `log pi_i - log pi_ref,i`. Metrics are DPO's: `rewards/chosen`, `rewards/rejected`,
 `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected` (of the joint response). The trainer first
 collects preference pairs from the task items with the initial agents (see `pairs.py`), then runs
@@ -28,12 +29,11 @@ from accelerate.utils import gather_object
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import TrainOutput
 
-from ...algorithms.logprobs import sequence_logprobs
 from ...algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
 from ...progress import progress_bar, trainer_shows_progress
-from ...team import agent_token_logprobs, collate_agent_batch
 from ..base import MultiAgentTrainer, _identity_collate
 from ..config import MultiAgentConfig
+from .dpo_forward import PreferenceBatch
 from .pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_from_rollout
 
 __all__ = ["PreferenceConfig", "MADPOConfig", "MADPOTrainer", "PreferenceCollectionMixin", "COLLABORATION_MODES"]
@@ -121,11 +121,14 @@ class MADPOConfig(PreferenceConfig):
     Parameters:
         beta: eta, the scale of the joint margin in the loss (TRL's `beta`; for `ipo` the regularization tau).
         dpo_beta: deprecated alias of `beta` (with a FutureWarning).
-        loss_type: one or more of TRL's DPO loss types applied to the JOINT response: `sigmoid` (default, the
-            spec's MADPO), `hinge`, `ipo`, `exo_pair`, `nca_pair`, `robust`, `bco_pair`, `sppo_hard`, `apo_zero`,
-            `apo_down`, `discopop`, `sigmoid_norm`.
+        loss_type: one or more of TRL's DPO loss types (all 15 of TRL 1.16) applied to the JOINT response:
+            `sigmoid` (default, the spec's MADPO), `hinge`, `ipo`, `exo_pair`, `nca_pair`, `robust`, `bco_pair`,
+            `sppo_hard`, `aot`, `aot_unpaired`, `apo_zero`, `apo_down`, `discopop`, `sft`, `sigmoid_norm`
+            (`aot` sorts the JOINT log-ratios across the batch; `sft` is the joint chosen responses' token-mean NLL;
+            see `trl_marl.algorithms.losses.joint_dpo_loss`).
         loss_weights: one weight per `loss_type` when several are combined (`None`: all 1).
-        label_smoothing: eps of the `robust` and `exo_pair` losses (TRL's `label_smoothing`).
+        label_smoothing: eps of the `robust`, `exo_pair`, `aot` and `aot_unpaired` losses (TRL's
+            `label_smoothing`).
         discopop_tau: tau of the `discopop` loss.
         precompute_ref_log_probs: compute every pair's reference log-probs once before training (with `ref_model`,
             or, without one, with the INITIAL agents: the reference is then the starting policy at no memory cost).
@@ -141,7 +144,9 @@ class MADPOConfig(PreferenceConfig):
     loss_weights: list[float] | None = field(
         default=None, metadata={"help": "Weights of several loss types (None: all 1)."}
     )
-    label_smoothing: float = field(default=0.0, metadata={"help": "eps of the robust and exo_pair losses."})
+    label_smoothing: float = field(
+        default=0.0, metadata={"help": "eps of the robust, exo_pair, aot and aot_unpaired losses."}
+    )
     discopop_tau: float = field(default=0.05, metadata={"help": "tau of the discopop loss."})
     precompute_ref_log_probs: bool = field(
         default=False,
@@ -164,6 +169,10 @@ class MADPOConfig(PreferenceConfig):
             )
         if "robust" in self.loss_type and not 0 <= self.label_smoothing < 0.5:
             raise ValueError(f"loss_type 'robust' needs 0 <= label_smoothing < 0.5, got {self.label_smoothing}")
+        if {"aot", "aot_unpaired"} & set(self.loss_type) and not 0 <= self.label_smoothing <= 1:
+            raise ValueError(
+                f"loss_type 'aot'/'aot_unpaired' need 0 <= label_smoothing <= 1, got {self.label_smoothing}"
+            )
         if "exo_pair" in self.loss_type and not 0 < self.label_smoothing < 1:
             raise ValueError(f"loss_type 'exo_pair' needs 0 < label_smoothing < 1, got {self.label_smoothing}")
         if self.discopop_tau <= 0:
@@ -411,26 +420,29 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
             self.pairs = extra["pairs"]
 
     # ---- the loss ----
-    def _agent_pair_batches(self, pairs: list[PreferencePair]):
-        """Per agent, one batch laid out as TRL's DPO collator does: `[all winners ; all losers]`."""
-        batches = []
-        for i in range(self.num_agents):
-            prompts = [p.prompt_ids[i] for p in pairs] * 2
-            completions = [p.winner_ids[i] for p in pairs] + [p.loser_ids[i] for p in pairs]
-            batches.append(collate_agent_batch(prompts, completions, self.tokenizers[i].pad_token_id))
-        return batches
+    def _agent_pair_batches(self, pairs: list[PreferencePair]) -> list[PreferenceBatch]:
+        """Per agent, one batch from TRL's DPO collator: `[all winners ; all losers]` (`PreferenceBatch.collate`)."""
+        return [
+            PreferenceBatch.collate(
+                [p.prompt_ids[i] for p in pairs],
+                [p.winner_ids[i] for p in pairs],
+                [p.loser_ids[i] for p in pairs],
+                self.tokenizers[i].pad_token_id,
+            )
+            for i in range(self.num_agents)
+        ]
 
     def preference_logps(self, model, pairs: list[PreferencePair]):
         """Per agent `(n, P)`: the winners' and losers' sequence log-probs and completion token counts, from ONE
-        forward per agent over the winners and losers of the batch together."""
+        forward per agent over the winners and losers of the batch together (TRL's concatenated forward,
+        `PreferenceBatch.token_logps`, run through the team so the engine wrapping it sees the forward)."""
         batches = self._agent_pair_batches(pairs)
         token_logps = model(batches)
         chosen, rejected, lw, ll = [], [], [], []
         device = token_logps[0].device
         for logp, batch in zip(token_logps, batches):
-            mask = batch.completion_mask.to(logp.device)
-            w, lo = sequence_logprobs(logp, mask).chunk(2)
-            nw, nl = mask.sum(dim=1).chunk(2)
+            w, lo = PreferenceBatch.chosen_rejected(logp)
+            nw, nl = batch.lengths()
             chosen.append(w.to(device))
             rejected.append(lo.to(device))
             lw.append(nw.to(device))
@@ -444,15 +456,16 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
 
     @torch.no_grad()
     def _reference_forward(self, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reference log-probs `(n, P)` of the winners and losers: the `ref_model`s, else the agents as they are."""
+        """Reference log-probs `(n, P)` of the winners and losers: the `ref_model`s, else the agents as they are.
+        Scored exactly as the policy is (same TRL forward, same temperature), so a reference equal to the policy
+        gives log-ratios of 0."""
         if self.ref_models is None:
             chosen, rejected, _, _ = self.preference_logps(self.team, pairs)
             return chosen, rejected
         outs_c, outs_r = [], []
         for ref, batch in zip(self.ref_models, self._agent_pair_batches(pairs)):
-            mask = batch.completion_mask
-            logp = agent_token_logprobs(ref, batch)
-            w, lo = sequence_logprobs(logp, mask.to(logp.device)).chunk(2)
+            logp, _ = batch.token_logps(ref, self.team.temperature)
+            w, lo = PreferenceBatch.chosen_rejected(logp)
             outs_c.append(w.float().cpu())
             outs_r.append(lo.float().cpu())
         return torch.stack(outs_c), torch.stack(outs_r)
@@ -492,12 +505,23 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         pairs = inputs["pairs"]
         a = self.args
         logp_c, logp_r, lw, ll = self.preference_logps(model, pairs)
-        chosen, rejected = logp_c, logp_r
+        chosen, rejected, ref_c, ref_r = logp_c, logp_r, None, None
         if self.uses_reference:
             ref_c, ref_r = self.reference_logps(pairs, logp_c.device)
-            chosen, rejected = logp_c - ref_c.to(logp_c.dtype), logp_r - ref_r.to(logp_r.dtype)
+            ref_c, ref_r = ref_c.to(logp_c.dtype), ref_r.to(logp_r.dtype)
+            chosen, rejected = logp_c - ref_c, logp_r - ref_r
         loss, joint = joint_dpo_loss(
-            chosen, rejected, a.beta, a.loss_type, a.loss_weights, a.label_smoothing, lw, ll, a.discopop_tau
+            chosen,
+            rejected,
+            a.beta,
+            a.loss_type,
+            a.loss_weights,
+            a.label_smoothing,
+            lw,
+            ll,
+            a.discopop_tau,
+            ref_c,
+            ref_r,
         )
         self._log_dpo_metrics(chosen.detach(), rejected.detach(), logp_c.detach(), logp_r.detach(), joint)
         # value: the joint loss L (what is logged as `loss`); gradient: the per-agent terms of `joint_dpo_loss`
