@@ -129,13 +129,27 @@ def run_one(args) -> dict:
         original(rollout, mode)
 
     trainer._record_rollout_metrics = count_tokens
-    gen_cpu = []  # process CPU seconds of each `generate` call (stable under other load, unlike wall time)
+    # process CPU seconds of each `generate` call (stable under other load, unlike wall time), without the weight
+    # push that vLLM's first call after an optimizer step does (reported apart, as for wall time)
+    gen_cpu, sync_cpu = [], []
     generate = trainer.generate
+    g = trainer.vllm_generation
+    pushed = [0.0]  # CPU seconds of weight pushes so far
+    if g is not None:
+        sync_weights = g.sync_weights
+
+        def timed_sync():
+            c0 = time.process_time()
+            sync_weights()
+            sync_cpu.append(time.process_time() - c0)
+            pushed[0] += sync_cpu[-1]
+
+        g.sync_weights = timed_sync
 
     def timed_generate(*a, **kw):
-        c0 = time.process_time()
+        c0, p0 = time.process_time(), pushed[0]
         out = generate(*a, **kw)
-        gen_cpu.append(time.process_time() - c0)
+        gen_cpu.append(time.process_time() - c0 - (pushed[0] - p0))
         return out
 
     trainer.generate = timed_generate
@@ -151,14 +165,14 @@ def run_one(args) -> dict:
         "step_s": statistics.fmean(times),
         "step_s_median": statistics.median(times),
         "step_cpu_s": statistics.fmean(timer.cpu[args.warmup :]),
-        "generation_cpu_s": sum(gen_cpu[args.warmup :]) / n,  # one generate call per step (1 turn, no greedy)
+        # one generate call per step (1 turn, no greedy); vLLM's weight push excluded (weight_sync_cpu_s)
+        "generation_cpu_s": sum(gen_cpu[args.warmup :]) / n,
         "phase_s_per_step": phases,
         "generation_s": phases.get("generation", 0.0),
         "tokens_per_s": trainer._tokens_seen / sum(times),
         "trainer_init_s": init_s,
         "peak_rss_mb": peak_rss_mb(),
     }
-    g = trainer.vllm_generation
     if g is not None:
         sync0, syncs0, gap0 = timer.base
         sync = (g.sync_seconds - sync0) / max(g.num_syncs - syncs0, 1)
@@ -166,6 +180,7 @@ def run_one(args) -> dict:
         out.update(
             engine_startup_s=g.startup_seconds,
             weight_sync_s=sync,
+            weight_sync_cpu_s=sum(sync_cpu[syncs0:]) / max(len(sync_cpu) - syncs0, 1),
             logprob_gap_scoring_s=gap,
             # the generation phase without the weight push and the gap metric's scoring
             generation_s=phases.get("generation", 0.0) - sync * (g.num_syncs - syncs0) / n - gap,

@@ -159,6 +159,38 @@ def test_completions_match_their_tokens_and_trainer_logprobs(trained):
     assert all(math.isclose(v, 0.0, abs_tol=1e-4) for lp in outs[0].sampling_logprobs for v in lp.tolist())
 
 
+def test_unlogged_training_rollouts_do_not_ask_vllm_for_logprobs(trained):
+    """vLLM's sampled log-probs feed only the gap metric: a training rollout whose step will not be logged does not
+    request them; a logged one and a call outside training (evaluation, a user's) do."""
+    t, _ = trained
+    engine = t.vllm_generation.engines[0]
+    original, asked = engine.generate, []
+
+    def spy(prompts, params, **kw):
+        asked.append(params.logprobs)
+        return original(prompts, params, **kw)
+
+    engine.generate = spy
+    logging_steps, training = t.args.logging_steps, t.model.training
+    prompts = [["Write about the sea."]] * 2
+    try:
+        t.model.train()
+        t.args.logging_steps = 2  # global_step is 2: the step this rollout feeds (3) is not logged
+        assert t.generate(prompts, 2)[0].sampling_logprobs is None
+        t.args.logging_steps = 3  # ... now it is
+        logged = t.generate(prompts, 2)[0].sampling_logprobs
+        t.model.eval()
+        t.args.logging_steps = 2
+        outside = t.generate(prompts, 2)[0].sampling_logprobs
+    finally:
+        engine.generate = original
+        t.args.logging_steps = logging_steps
+        t.model.train(training)
+    assert asked == [None, 0, 0]
+    for lps in (logged, outside):
+        assert len(lps) == 2 and all(torch.isfinite(lp).all() and lp.numel() > 0 for lp in lps)
+
+
 def _args(config_cls, tmp_path, **kw):
     base = dict(
         output_dir=str(tmp_path),
@@ -204,10 +236,15 @@ def test_every_trainer_family_runs_two_steps(family, vllm_path, items_list, tmp_
         close(t)
 
 
-def test_shared_base_team_on_one_multi_lora_engine(vllm_path, items_list, tmp_path):
+def test_shared_base_team_on_one_multi_lora_engine(vllm_path, items_list, tmp_path, caplog):
     """One engine serves both agents' adapters in one generate call; after each step the updated adapters are
-    pushed (the engine's samples score like the trained adapters, not like the base)."""
+    pushed (the engine's samples score like the trained adapters, not like the base). On CPU the trainer warns that
+    merged per-agent engines are faster there."""
+    import logging
+
     from peft import LoraConfig
+
+    caplog.set_level(logging.WARNING, logger="trl_marl.generation.vllm_backend")
 
     args = _args(MAGRPOConfig, tmp_path, share_base_model=True, learning_rate=5e-2)
     peft = LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"])
@@ -217,6 +254,7 @@ def test_shared_base_team_on_one_multi_lora_engine(vllm_path, items_list, tmp_pa
     try:
         g = t.vllm_generation
         assert g.lora and len(g.engines) == 1
+        assert ("vllm_enable_lora=False is faster on CPU" in caplog.text) == (not torch.cuda.is_available())
         t.train()
         assert g.num_syncs == 2 and [r.lora_int_id for r in g._lora_requests] == [2001, 2002]
         for h in t.state.log_history[:2]:

@@ -117,18 +117,31 @@ class TeamModel(nn.Module):
     ) -> None:
         """Activation (gradient) checkpointing in every agent's backbone, as `Trainer` asks for it."""
         for a in self._backbones():
-            a.activation_checkpointing_enable(
-                activation_checkpointing_kwargs=activation_checkpointing_kwargs,
-                every_n_layers=every_n_layers,
-                offload=offload,
-            )
+            enable = getattr(a, "activation_checkpointing_enable", None)
+            if enable is not None:  # transformers >= 5.24
+                enable(
+                    activation_checkpointing_kwargs=activation_checkpointing_kwargs,
+                    every_n_layers=every_n_layers,
+                    offload=offload,
+                )
+                continue
+            if every_n_layers != 1 or offload:
+                import transformers
+
+                raise ValueError(
+                    "activation checkpointing with every_n_layers != 1 or offload=True needs transformers >= 5.24 "
+                    f"(installed: {transformers.__version__})"
+                )
+            # transformers < 5.24 (e.g. 5.17, what vLLM 0.31 pins): the older name, checkpointing every layer
+            a.gradient_checkpointing_enable(gradient_checkpointing_kwargs=activation_checkpointing_kwargs)
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None, **kwargs) -> None:
         self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
 
     def activation_checkpointing_disable(self) -> None:
         for a in self._backbones():
-            a.activation_checkpointing_disable()
+            disable = getattr(a, "activation_checkpointing_disable", None)
+            (disable or a.gradient_checkpointing_disable)()  # the older name before transformers 5.24
 
     def gradient_checkpointing_disable(self) -> None:
         self.activation_checkpointing_disable()
