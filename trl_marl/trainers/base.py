@@ -274,10 +274,33 @@ class MultiAgentTrainer(_BaseTrainer):
         # ---- the team ----
         if args.world_size > 1 and args.device.type == "cpu":  # weights in host memory (trl_marl.memory)
             return_freed_tensors_to_os()
+        # agents and critics loaded partitioned only with zero3_init_flag (trl_marl.zero3)
         with zero3_init_flag_honoured(args):
-            models, names, shared, team = self._load_team(agent_model, agents, model_config, peft_config, args)
-        self.tokenizers = load_tokenizers(tokenizer, names, n, [agent_model] * n if agents is None else agents)
-        self.peft_config = peft_config
+            sources = [agent_model] * n if agents is None else agents
+            shared = None
+            if args.share_base_model:
+                base, base_names = load_agents(agent_model, None, 1, model_config)
+                names = base_names * n
+                if args.disable_dropout:
+                    disable_dropout_in_model(base[0])
+                shared, models = build_shared_base(base[0], peft_config, n, names[0])
+            else:
+                models, names = load_agents(agent_model if agents is None else None, agents, n, model_config)
+                if args.disable_dropout:
+                    for m in models:
+                        disable_dropout_in_model(m)
+                if peft_config is not None:
+                    models = wrap_agents_with_peft(models, peft_config, names)
+            self.tokenizers = load_tokenizers(tokenizer, names, n, sources)
+            self.peft_config = peft_config
+            if shared is None:
+                # Critics' and value heads' fresh weights are drawn here, before the Trainer seeds anything: draw them
+                # from the "critic_init" stream of `args.seed` (rank 0 on every process: identical heads everywhere), so
+                # the same seed builds the same heads whatever the global RNG holds, and the global RNG is left as found.
+                with RNGStreams(args.seed).scoped("critic_init"):
+                    team = self._build_team(models, names, args)
+            else:
+                team = TeamModel(models, names, shared=shared)
         team.temperature = args.temperature  # log-probs of sampled completions are taken on logits / temperature
         if args.parallel_training == "mp":
             devices = args.agent_devices * n if len(args.agent_devices) == 1 else args.agent_devices
@@ -350,29 +373,6 @@ class MultiAgentTrainer(_BaseTrainer):
         # TRL's names and positional order on every trainer (see names.py), mixins' __init__ included
         if not getattr(cls.__init__, "_accepts_trl_names", False):
             cls.__init__ = accept_trl_names(cls.__init__)
-
-    def _load_team(self, agent_model, agents, model_config, peft_config, args) -> tuple:
-        """Load the agents and build the team: `(models, names, shared base or None, team)`."""
-        n = args.num_agents
-        if args.share_base_model:
-            base, base_names = load_agents(agent_model, None, 1, model_config)
-            names = base_names * n
-            if args.disable_dropout:
-                disable_dropout_in_model(base[0])
-            shared, models = build_shared_base(base[0], peft_config, n, names[0])
-            return models, names, shared, TeamModel(models, names, shared=shared)
-        models, names = load_agents(agent_model if agents is None else None, agents, n, model_config)
-        if args.disable_dropout:
-            for m in models:
-                disable_dropout_in_model(m)
-        if peft_config is not None:
-            models = wrap_agents_with_peft(models, peft_config, names)
-        # Critics' and value heads' fresh weights are drawn here, before the Trainer seeds anything: draw them
-        # from the "critic_init" stream of `args.seed` (rank 0 on every process: identical heads everywhere), so
-        # the same seed builds the same heads whatever the global RNG holds, and the global RNG is left as found.
-        with RNGStreams(args.seed).scoped("critic_init"):
-            team = self._build_team(models, names, args)
-        return models, names, None, team
 
     def _render(self, i: int, formatted) -> PromptText:
         text = render_prompt(formatted, self.tokenizers[i])
