@@ -170,7 +170,7 @@ def test_sharded_engines_lower_each_ranks_peak_below_ddp(rss_launch):
     """Same team and step: each rank's peak RSS growth under ZeRO-3 (zero3_cpu.yaml) and FSDP2 (fsdp2_cpu.yaml) is
     below 2-process DDP's by at least a quarter of what sharding saves a rank in the model (half of the agents'
     weights, gradients, AdamW moments and references: 2 x 21M parameters x (4 + 4 + 8 + 4) bytes / 2 = 420 MB;
-    measured: ZeRO-3 and FSDP2 about 0.6-0.75x of DDP, 200-350 MB lower). On the old code ZeRO-3 was 1.3-1.4x DDP (DeepSpeed's 5e8-element
+    benchmarks/engines.py: ZeRO-3 0.69x and FSDP2 0.51x of DDP's peak, 245 and 390 MB lower). On the old code ZeRO-3 was 1.3-1.4x DDP (DeepSpeed's 5e8-element
     buckets and 1e9-element live-parameter window held the whole team) and FSDP2 1.0x (glibc kept freed tensors)."""
     # per rank, sharding over 2 ranks drops half of the 2 agents' weights, gradients, AdamW moments and references
     saved = 2 * _agent_parameters() * (4 + 4 + 8 + 4) // 2
