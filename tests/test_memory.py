@@ -179,3 +179,25 @@ def test_sharded_engines_lower_each_ranks_peak_below_ddp(rss_launch):
         for rank in rss_launch(config):
             growth = rank["peak"] - rank["before"]
             assert growth <= ddp - saved / 4, (config, growth, ddp, saved)
+
+
+def test_deepspeed_buffers_are_sized_for_the_team(tiny_path):
+    """fill_bucket_sizes: transformers' "auto" formulas on the team's hidden size, a ZeRO-3 live / reuse window of
+    one decoder layer, and what the user's DeepSpeed config sets is kept."""
+    from trl_marl.team import TeamModel
+    from trl_marl.zero3 import fill_bucket_sizes
+
+    agents = [AutoModelForCausalLM.from_pretrained(tiny_path) for _ in range(2)]
+    team = TeamModel(agents, ["a", "b"])
+    h = agents[0].config.hidden_size
+    layer = sum(p.numel() for p in agents[0].model.layers[0].parameters())
+    config = {"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_max_reuse_distance": 1000}}
+    filled = fill_bucket_sizes(config, team)
+    zero = config["zero_optimization"]
+    assert zero["reduce_bucket_size"] == h * h and zero["stage3_prefetch_bucket_size"] == int(0.9 * h * h)
+    assert zero["stage3_param_persistence_threshold"] == 10 * h
+    assert zero["stage3_max_live_parameters"] == max(layer, h * h)
+    assert zero["stage3_max_reuse_distance"] == 1000 and "stage3_max_reuse_distance" not in filled
+    z2 = {"zero_optimization": {"stage": 2}}
+    assert fill_bucket_sizes(z2, team) == {"reduce_bucket_size": h * h, "allgather_bucket_size": h * h}
+    assert fill_bucket_sizes({"zero_optimization": {"stage": 0}}, team) == {}
