@@ -1,11 +1,14 @@
 """Step time and per-rank peak RSS of the distributed engines on the same run, against 2-process DDP.
 
-    python benchmarks/engines.py [--configs multi_cpu zero3_cpu fsdp2_cpu]
+    python benchmarks/engines.py [--configs multi_cpu zero2_cpu zero3_cpu_flag_off zero3_cpu fsdp2_cpu] [--rounds 2]
 
 Each config launches `tests/scripts/dist_run.py OUT rss` (a model-shaped team: 2 agents, hidden 512, 8 layers;
-MAGRPO, 3 steps) through `accelerate launch`; every rank writes its RSS before the trainer, its peak RSS, its step
-times and the trainer's generation / update seconds. Prints one row per engine with ratios against the first
-config (DDP) and writes benchmarks/results/engines.json.
+MAGRPO, 3 steps) through `accelerate launch`; every rank writes its RSS before the trainer, its peak RSS, its RSS at
+the end of each phase (built, prepared, rollout, step), its step times and the trainer's generation / update
+seconds. `zero3_cpu_flag_off` is zero3_cpu.yaml with `zero3_init_flag: false`. With `--rounds N` the configs run
+interleaved N times (round-robin, so that a load change on a shared machine hits every engine alike); each row is
+the mean step time and the largest per-rank peak over the rounds, with ratios against the first config (DDP).
+Writes benchmarks/results/engines.json.
 """
 
 from __future__ import annotations
@@ -19,43 +22,66 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ["multi_cpu", "zero2_cpu", "zero3_cpu_flag_off", "zero3_cpu", "fsdp2_cpu"]
 
 
-def run(config: str, out: Path) -> list[dict]:
+def config_file(config: str, tmp: Path) -> Path:
+    if config == "zero3_cpu_flag_off":
+        path = tmp / f"{config}.yaml"
+        text = (ROOT / "accelerate_configs" / "zero3_cpu.yaml").read_text()
+        path.write_text(text.replace("zero3_init_flag: true", "zero3_init_flag: false"))
+        return path
+    return ROOT / "accelerate_configs" / f"{config}.yaml"
+
+
+def run(config: str, out: Path, tmp: Path) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-    cmd += [str(ROOT / "accelerate_configs" / f"{config}.yaml"), str(ROOT / "tests/scripts/dist_run.py"), str(out)]
-    proc = subprocess.run([*cmd, "rss"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file(config, tmp))]
+    cmd += [str(ROOT / "tests/scripts/dist_run.py"), str(out), "rss"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{config} failed:\n{proc.stderr[-4000:]}")
     return [json.loads(f.read_text()) for f in sorted(out.glob("rss_rank*.json"))]
 
 
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", nargs="+", default=["multi_cpu", "zero3_cpu", "fsdp2_cpu"])
+    p.add_argument("--configs", nargs="+", default=CONFIGS)
+    p.add_argument("--rounds", type=int, default=1)
     a = p.parse_args(argv)
-    rows = {}
+    runs: dict[str, list[list[dict]]] = {c: [] for c in a.configs}
+    loads = []
     with tempfile.TemporaryDirectory() as tmp:
-        for config in a.configs:
-            ranks = run(config, Path(tmp) / config)
-            rows[config] = {
-                "step_s": sum(sum(r["steps"]) / len(r["steps"]) for r in ranks) / len(ranks),
-                "generation_s": max(r["timings"].get("generation", 0.0) for r in ranks),
-                "update_s": max(r["timings"].get("update", 0.0) for r in ranks),
-                "peak_rss_growth_mb": [round((r["peak"] - r["before"]) / 2**20) for r in ranks],
-            }
+        for r in range(a.rounds):
+            for config in a.configs:
+                loads.append(load_average())
+                runs[config].append(run(config, Path(tmp) / f"{config}_{r}", Path(tmp)))
+    rows = {}
+    for config, rounds in runs.items():
+        ranks = [rank for ranks in rounds for rank in ranks]
+        rows[config] = {
+            "step_s": sum(sum(r["steps"]) / len(r["steps"]) for r in ranks) / len(ranks),
+            "generation_s": sum(r["timings"].get("generation", 0.0) for r in ranks) / len(ranks),
+            "update_s": sum(r["timings"].get("update", 0.0) for r in ranks) / len(ranks),
+            "peak_rss_growth_mb": [round((r["peak"] - r["before"]) / 2**20) for r in ranks],
+            "built_peak_growth_mb": [round((r["built"] - r["before"]) / 2**20) for r in ranks],
+        }
     base = rows[a.configs[0]]
     for config, r in rows.items():
         r["step_vs_first"] = r["step_s"] / base["step_s"]
         r["memory_vs_first"] = max(r["peak_rss_growth_mb"]) / max(base["peak_rss_growth_mb"])
         print(
-            f"{config:12} {r['step_s']:6.2f} s/step ({r['step_vs_first']:.2f}x)  generation {r['generation_s']:.1f} s"
+            f"{config:18} {r['step_s']:6.2f} s/step ({r['step_vs_first']:.2f}x)  generation {r['generation_s']:.1f} s"
             f"  update {r['update_s']:.1f} s  peak RSS growth {r['peak_rss_growth_mb']} MB"
-            f" ({r['memory_vs_first']:.2f}x)"
+            f" ({r['memory_vs_first']:.2f}x)  built {r['built_peak_growth_mb']} MB"
         )
+    print(f"load average (1 min) before each launch: {[round(x, 1) for x in loads]}")
     out = ROOT / "benchmarks" / "results" / "engines.json"
-    out.write_text(json.dumps(rows, indent=2))
+    out.write_text(json.dumps({"rows": rows, "load_average": loads, "rounds": a.rounds}, indent=2))
     return 0
 
 

@@ -6,6 +6,7 @@
 |---|---|---|
 | weights | n agents (one base + n adapters for a shared-base LoRA team) | ZeRO-3, FSDP2 |
 | gradients | the trainable parameters' gradients | ZeRO-2, ZeRO-3, FSDP2 |
+| comm buffers | DDP over several ranks: its gradient buckets, a second copy of the gradients (`gradient_as_bucket_view` off, accelerate's default) | none |
 | optimizer | AdamW's two fp32 moments per trainable parameter (+ an fp32 master copy under DeepSpeed with 16-bit weights) | ZeRO-2, ZeRO-3, FSDP2 |
 | references | frozen copies for the reference-KL penalty (none for LoRA agents: the base with adapters off) | ZeRO-3, FSDP2 |
 | critics | separate critics of the actor-critic trainers, trained like the agents | as the agents |
@@ -14,7 +15,7 @@
 | KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows | none |
 | activations | every agent's forward graph of one training step, kept until the one backward (logits included) | none |
 
-The peak is `weights + gradients + optimizer + references + critics + reward model + max(generation, training)`,
+The peak is `weights + gradients + comm buffers + optimizer + references + critics + reward model + max(generation, training)`,
 with generation = gather + KV cache and training = activations. Parameter counts are exact (the model is built on
 the meta device from its config); activation and KV sizes are standard first-order formulas. Validated on CPU
 against measured peak RSS (tests/test_memory.py, docs/scaling.md).
@@ -27,7 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ENGINES", "MemoryEstimate", "estimate", "count_parameters", "main"]
+__all__ = ["ENGINES", "MemoryEstimate", "estimate", "count_parameters", "return_freed_tensors_to_os", "main"]
 
 ENGINES = ("ddp", "zero2", "zero3", "fsdp2")
 GIB = 1024**3
@@ -43,6 +44,7 @@ class MemoryEstimate:
     trainable_parameters: int
     weights: int
     gradients: int
+    comm_buffers: int
     optimizer: int
     references: int
     critics: int
@@ -54,7 +56,8 @@ class MemoryEstimate:
     @property
     def resident(self) -> int:
         """What stays allocated for the whole run."""
-        return self.weights + self.gradients + self.optimizer + self.references + self.critics + self.reward_model
+        parts = (self.weights, self.gradients, self.comm_buffers, self.optimizer, self.references, self.critics)
+        return sum(parts) + self.reward_model
 
     @property
     def peak(self) -> int:
@@ -69,6 +72,7 @@ class MemoryEstimate:
         rows = [
             "weights",
             "gradients",
+            "comm_buffers",
             "optimizer",
             "references",
             "critics",
@@ -81,6 +85,34 @@ class MemoryEstimate:
         lines = [f"engine={self.engine} world_size={self.world_size} (GiB per rank)"]
         lines += [f"  {r:<18} {getattr(self, r) / GIB:10.3f}" for r in rows]
         return "\n".join(lines)
+
+
+MMAP_THRESHOLD = 128 << 10  # bytes: host allocations from this size on get pages of their own
+
+
+def return_freed_tensors_to_os(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Make glibc give the pages of freed tensors of `threshold` bytes or more back to the OS (process-wide).
+
+    On CPU the weights, gradients and optimizer states live in host memory, allocated by glibc's malloc. By default
+    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), so after the first frees,
+    tensors of a few MiB come from the heap and stay resident once freed: a rank keeps the full agents it loaded
+    before sharding, and every layer the engine gathered, as RSS. `mallopt(M_MMAP_THRESHOLD, threshold)` fixes the
+    threshold, so such tensors are mapped on allocation and unmapped when freed (measured on the model-shaped
+    team, 2 processes: FSDP2's per-rank peak RSS went from 0.95-1.00x of DDP's to 0.51x; docs/scaling.md). trl_marl
+    calls it for multi-process CPU runs. Returns whether glibc took the setting (False elsewhere: musl, macOS,
+    Windows)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_mmap_threshold = -3  # glibc's M_MMAP_THRESHOLD
+        return bool(libc.mallopt(m_mmap_threshold, int(threshold)))
+    except (OSError, AttributeError):
+        return False
 
 
 def _load_config(model_config_or_id):
@@ -181,6 +213,7 @@ def estimate(
     shard_go = world_size if engine != "ddp" else 1
     weights = math.ceil(weights_all / shard_w)
     gradients = math.ceil(trainable * wb / shard_go)
+    comm_buffers = trainable * wb if engine == "ddp" and world_size > 1 else 0  # DDP's gradient buckets
     optimizer = math.ceil(trainable * (8 + master) / shard_go)
 
     # references: frozen copies of full agents; LoRA agents use their base with adapters off
@@ -225,6 +258,7 @@ def estimate(
         trainable_parameters=trainable,
         weights=weights,
         gradients=gradients,
+        comm_buffers=comm_buffers,
         optimizer=optimizer,
         references=references,
         critics=critics,

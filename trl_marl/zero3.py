@@ -14,7 +14,14 @@ from contextlib import contextmanager
 
 from torch import nn
 
-__all__ = ["zero3_init_enabled", "zero3_frozen_copy", "hooks_removed", "gathered"]
+__all__ = [
+    "zero3_init_enabled",
+    "zero3_init_flag_honoured",
+    "zero3_frozen_copy",
+    "hooks_removed",
+    "gathered",
+    "fill_bucket_sizes",
+]
 
 
 def zero3_init_enabled() -> bool:
@@ -22,6 +29,28 @@ def zero3_init_enabled() -> bool:
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     return is_deepspeed_zero3_enabled()
+
+
+@contextmanager
+def zero3_init_flag_honoured(args) -> Iterator[None]:
+    """Models built in the block are constructed inside `deepspeed.zero.Init` only if `zero3_init_flag` is on.
+
+    accelerate's `DeepSpeedPlugin.set_deepspeed_weakref` registers transformers' DeepSpeed config whenever DeepSpeed
+    runs (TrainingArguments calls it), and `from_pretrained` partitions while loading whenever that config says
+    ZeRO-3, so `zero3_init_flag: false` was silently ignored. With the flag off, the block runs with transformers'
+    config unregistered (every rank loads the full models; the engine partitions them when it is built) and
+    registers it again afterwards."""
+    plugin = getattr(args, "deepspeed_plugin", None)
+    if plugin is None or plugin.zero3_init_flag or not zero3_init_enabled():
+        yield
+        return
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
 
 
 def _is_partitioned(module: nn.Module) -> bool:
@@ -77,3 +106,56 @@ def gathered(module: nn.Module):
     import deepspeed
 
     return deepspeed.zero.GatheredParameters([p for p in module.parameters() if hasattr(p, "ds_id")])
+
+
+def _numel(p) -> int:
+    return int(getattr(p, "ds_numel", p.numel()))  # a partitioned parameter's full size
+
+
+def _largest_layer(team: nn.Module) -> int:
+    """Parameters of the largest decoder layer (a `_no_split_modules` class) of any model in `team`."""
+    from .fsdp import _layer_classes
+
+    classes = tuple(_layer_classes(team))
+    sizes = [sum(_numel(p) for p in m.parameters()) for m in team.modules() if classes and isinstance(m, classes)]
+    return max(sizes, default=0)
+
+
+def fill_bucket_sizes(ds_config: dict, team: nn.Module) -> dict[str, int]:
+    """Size DeepSpeed's buffers for the team, where the config leaves them unset or `"auto"` (returns what it set).
+
+    accelerate's `deepspeed_config` YAML keys cannot set them, so without this DeepSpeed's defaults apply, made for
+    one big model: 5e8-element reduce / all-gather buckets (flat buffers that end up the size of every gradient of
+    the team) and, under ZeRO-3, `stage3_max_live_parameters` / `stage3_max_reuse_distance` of 1e9 elements, which
+    keep every gathered parameter of the team gathered between the forward and the backward: each rank then holds
+    the whole team, the memory ZeRO-3 exists to save. With `h` the largest hidden size of the team's models, as
+    transformers' / accelerate's `"auto"` values: `reduce_bucket_size = h*h`, `stage3_prefetch_bucket_size =
+    0.9*h*h`, `stage3_param_persistence_threshold = 10*h` (and `allgather_bucket_size = h*h` under ZeRO-1/2); and
+    `stage3_max_live_parameters = stage3_max_reuse_distance = ` one decoder layer of the largest model (at least
+    h*h): a rank holds the layer it computes plus one prefetched, never another agent's weights.
+    """
+    zero = ds_config.setdefault("zero_optimization", {})
+    stage = int(zero.get("stage", 0) or 0)
+    if stage < 1:
+        return {}
+    hidden = [getattr(getattr(m, "config", None), "hidden_size", None) for m in team.modules()]
+    hidden = [h for h in hidden if isinstance(h, int)]
+    if not hidden:
+        return {}
+    h = max(hidden)
+    sizes = {"reduce_bucket_size": h * h}
+    if stage == 3:
+        layer = max(_largest_layer(team), h * h)
+        sizes.update(
+            stage3_prefetch_bucket_size=int(0.9 * h * h),
+            stage3_param_persistence_threshold=10 * h,
+            stage3_max_live_parameters=layer,
+            stage3_max_reuse_distance=layer,
+        )
+    else:
+        sizes["allgather_bucket_size"] = h * h
+    filled = {}
+    for key, value in sizes.items():
+        if zero.get(key, "auto") == "auto":
+            zero[key] = filled[key] = value
+    return filled

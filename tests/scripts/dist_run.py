@@ -34,8 +34,10 @@ def main():
             run_equiv(which, os.path.join(out, which))
         _finish()
         return
-    if mode == "rss":
-        run_rss(out)
+    if mode.split("=")[0] == "rss":  # `rss`, or `rss=kl,steps=2` (reference KL on; two steps)
+        opts = mode.split("=", 1)[1].split(",") if "=" in mode else []
+        steps = next((int(o.split("=")[1]) for o in opts if o.startswith("steps=")), 3)
+        run_rss(out, reference_kl="kl" in opts, max_steps=steps)
         _finish()
         return
     if mode.startswith("only="):  # a comma-separated list of trainers
@@ -141,9 +143,10 @@ def run_equiv(which, out):
             json.dump({"num_processes": trainer.accelerator.num_processes, **gathered}, f)
 
 
-def run_rss(out):
-    """A model-shaped team (2 agents, hidden 512, 8 layers): two MAGRPO steps; each rank writes its RSS before the
-    trainer is built, its peak RSS, and the time of each training step."""
+def run_rss(out, reference_kl=False, max_steps=3):
+    """A model-shaped team (2 agents, hidden 512, 8 layers): `max_steps` MAGRPO steps; each rank writes its RSS
+    before the trainer is built, its peak RSS, its current and peak RSS at the end of each phase (built, prepared,
+    rollout, step), the time of each training step and the engine's ZeRO settings."""
     import resource
     import time
 
@@ -160,35 +163,76 @@ def run_rss(out):
         num_generations=2,
         rollout_buffer_size=2,
         max_new_tokens=16,
-        max_steps=3,
+        max_steps=max_steps,
         seed=0,
         learning_rate=1e-3,
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
         logging_steps=1,
+        reference_kl_enabled=reference_kl,
     )
-    with open("/proc/self/status") as f:
-        before = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-    steps = []
+
+    def status() -> dict[str, int]:
+        with open("/proc/self/status") as f:
+            return {
+                k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f) if k in ("VmRSS", "VmHWM")
+            }
+
+    before = status()["VmRSS"]
+    steps, phases = [], []
+
+    def phase(name: str) -> None:  # current and peak RSS at the end of each phase
+        phases.append((name, *status().values()))
 
     class Timer(TrainerCallback):
+        def on_train_begin(self, *a, **k):
+            phase("prepared")
+
         def on_step_begin(self, *a, **k):
             self.t0 = time.perf_counter()
 
         def on_step_end(self, *a, **k):
             steps.append(time.perf_counter() - self.t0)
+            phase("step")
 
     trainer = MAGRPOTrainer(agent_model=path, reward_func=reward, args=args, train_dataset=items, callbacks=[Timer()])
     built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak while loading and building
+    phase("built")
+    rollout_step = trainer._rollout_step
+
+    def timed_rollout(items):
+        out = rollout_step(items)
+        phase("rollout")
+        return out
+
+    trainer._rollout_step = timed_rollout
     trainer.train()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rank = trainer.accelerator.process_index
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rss_rank{rank}.json"), "w") as f:
         json.dump(
-            {"before": before, "built": built, "peak": peak, "steps": steps, "timings": dict(trainer._timings)}, f
+            {
+                "before": before,
+                "built": built,
+                "peak": peak,
+                "steps": steps,
+                "timings": dict(trainer._timings),
+                "phases": phases,
+                "zero_optimization": zero_config(trainer),
+            },
+            f,
         )
+
+
+def zero_config(trainer) -> dict:
+    """The DeepSpeed engine's ZeRO settings (empty without DeepSpeed)."""
+    if not trainer.is_deepspeed_enabled:
+        return {}
+    zero = trainer.deepspeed._config.zero_config
+    keys = ("reduce_bucket_size", "prefetch_bucket_size", "max_live_parameters", "max_reuse_distance")
+    return {k: int(getattr(zero, k)) for k in keys}
 
 
 def record_gathers(trainer):

@@ -55,6 +55,7 @@ from ..hub import (
     team_metadata,
     write_trainer_cards,
 )
+from ..memory import return_freed_tensors_to_os
 from ..metrics import log_completions_table, rollout_num_tokens, team_means_of_agent_metrics, team_rollout_metrics
 from ..progress import progress_bar, trainer_shows_progress
 from ..rewards import RewardFunction
@@ -74,9 +75,9 @@ from ..team import (
     render_prompt,
     resolve_formatters,
 )
+from ..zero3 import fill_bucket_sizes, zero3_frozen_copy, zero3_init_enabled, zero3_init_flag_honoured
 from ..zero3 import gathered as zero3_gathered
 from ..zero3 import hooks_removed as zero3_hooks_removed
-from ..zero3 import zero3_frozen_copy, zero3_init_enabled
 from .config import MultiAgentConfig
 from .names import accept_trl_names
 
@@ -271,31 +272,35 @@ class MultiAgentTrainer(_BaseTrainer):
             _apply_wandb_config(args, wandb_config)
 
         # ---- the team ----
-        sources = [agent_model] * n if agents is None else agents
-        shared = None
-        if args.share_base_model:
-            base, base_names = load_agents(agent_model, None, 1, model_config)
-            names = base_names * n
-            if args.disable_dropout:
-                disable_dropout_in_model(base[0])
-            shared, models = build_shared_base(base[0], peft_config, n, names[0])
-        else:
-            models, names = load_agents(agent_model if agents is None else None, agents, n, model_config)
-            if args.disable_dropout:
-                for m in models:
-                    disable_dropout_in_model(m)
-            if peft_config is not None:
-                models = wrap_agents_with_peft(models, peft_config, names)
-        self.tokenizers = load_tokenizers(tokenizer, names, n, sources)
-        self.peft_config = peft_config
-        if shared is None:
-            # Critics' and value heads' fresh weights are drawn here, before the Trainer seeds anything: draw them
-            # from the "critic_init" stream of `args.seed` (rank 0 on every process: identical heads everywhere), so
-            # the same seed builds the same heads whatever the global RNG holds, and the global RNG is left as found.
-            with RNGStreams(args.seed).scoped("critic_init"):
-                team = self._build_team(models, names, args)
-        else:
-            team = TeamModel(models, names, shared=shared)
+        if args.world_size > 1 and args.device.type == "cpu":  # weights in host memory (trl_marl.memory)
+            return_freed_tensors_to_os()
+        # agents and critics loaded partitioned only with zero3_init_flag (trl_marl.zero3)
+        with zero3_init_flag_honoured(args):
+            sources = [agent_model] * n if agents is None else agents
+            shared = None
+            if args.share_base_model:
+                base, base_names = load_agents(agent_model, None, 1, model_config)
+                names = base_names * n
+                if args.disable_dropout:
+                    disable_dropout_in_model(base[0])
+                shared, models = build_shared_base(base[0], peft_config, n, names[0])
+            else:
+                models, names = load_agents(agent_model if agents is None else None, agents, n, model_config)
+                if args.disable_dropout:
+                    for m in models:
+                        disable_dropout_in_model(m)
+                if peft_config is not None:
+                    models = wrap_agents_with_peft(models, peft_config, names)
+            self.tokenizers = load_tokenizers(tokenizer, names, n, sources)
+            self.peft_config = peft_config
+            if shared is None:
+                # Critics' and value heads' fresh weights are drawn here, before the Trainer seeds anything: draw them
+                # from the "critic_init" stream of `args.seed` (rank 0 on every process: identical heads everywhere), so
+                # the same seed builds the same heads whatever the global RNG holds, and the global RNG is left as found.
+                with RNGStreams(args.seed).scoped("critic_init"):
+                    team = self._build_team(models, names, args)
+            else:
+                team = TeamModel(models, names, shared=shared)
         team.temperature = args.temperature  # log-probs of sampled completions are taken on logits / temperature
         if args.parallel_training == "mp":
             devices = args.agent_devices * n if len(args.agent_devices) == 1 else args.agent_devices
@@ -318,6 +323,8 @@ class MultiAgentTrainer(_BaseTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        if self.is_deepspeed_enabled:  # DeepSpeed's buffers sized for this team, before any engine is built
+            fill_bucket_sizes(self.accelerator.state.deepspeed_plugin.deepspeed_config, self.model)
 
         self.rollout_engine = JointRollout(
             num_agents=n,
