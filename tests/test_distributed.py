@@ -142,11 +142,15 @@ def test_fsdp2_and_zero3_init_equal_single_process(tmp_path, tiny_path):
     # ZeRO-3 with zero3_init_flag (the shipped zero3_cpu.yaml): agents, critic and references built partitioned,
     # one agent gathered per generate call
     launch("zero3_cpu", tmp_path / "zero3", "equiv=magrpo,mappo,magrpo_lora")
+    # MAPPO z-scores its advantages over the global batch: dividing by a small group std amplifies float-order
+    # differences, and Adam's g / (sqrt(v) + eps) turns them into up to ~2e-5 on a few near-zero-gradient embedding
+    # entries (measured: 2 of 32768). Per-process z-scoring (the old bug) differs by 3.0e-3 (measured): it fails.
+    atol = {"mappo": 1e-4}
     for which in ("magrpo", "mappo", "magrpo_lora"):
-        assert_same_weights(tmp_path / "single" / which, tmp_path / "zero3" / which)
+        assert_same_weights(tmp_path / "single" / which, tmp_path / "zero3" / which, atol.get(which, 2e-5))
     for which in ("magrpo", "mappo", "madpo", "magrpo_lora"):
         baseline = tmp_path / ("ddp" if which == "madpo" else "single") / which
-        assert_same_weights(baseline, tmp_path / "fsdp" / which)
+        assert_same_weights(baseline, tmp_path / "fsdp" / which, atol.get(which, 2e-5))
         info = json.loads((tmp_path / "fsdp" / which / "run_info.json").read_text())
         assert info["num_processes"] == 2 and info["sharded_at_start"], info
         # tiny model: 2 decoder layers + the agent's own unit (one shared base for the LoRA team)
