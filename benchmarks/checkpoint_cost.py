@@ -42,7 +42,7 @@ def _trainer(shape: dict, out: str):
         output_dir=out,
         num_agents=2,
         num_generations=2,
-        max_new_tokens=4,
+        max_completion_length=4,
         rollout_buffer_size=2,
         max_steps=1,
         save_strategy="no",

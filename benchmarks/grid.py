@@ -104,7 +104,7 @@ def build_trainer(cfg: dict[str, Any], args: argparse.Namespace, callbacks: list
     common: dict[str, Any] = dict(
         output_dir=scratch_dir("grid"),
         num_agents=n,
-        max_new_tokens=cfg["max_new_tokens"],
+        max_completion_length=cfg["max_new_tokens"],
         rollout_buffer_size=args.prompts_per_step,
         learning_rate=1e-3,
         max_steps=args.warmup + args.steps,

@@ -126,7 +126,7 @@ def run_trainer(args) -> dict:
         output_dir=scratch_dir("throughput"),
         num_agents=2,
         num_generations=args.num_generations,
-        max_new_tokens=args.max_new_tokens,
+        max_completion_length=args.max_new_tokens,
         rollout_buffer_size=P,
         learning_rate=1e-3,
         max_steps=total,

@@ -69,7 +69,7 @@ def run_one(args) -> dict:
         output_dir=str(ROOT / "outputs" / "bench_vllm"),
         num_agents=2,
         num_generations=args.num_generations,
-        max_new_tokens=args.tokens[0],
+        max_completion_length=args.tokens[0],
         rollout_buffer_size=P,
         learning_rate=1e-5,
         max_steps=total,
