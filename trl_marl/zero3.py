@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from torch import nn
 
 __all__ = [
+    "is_zero3",
     "zero3_init_enabled",
     "zero3_init_flag_honoured",
     "zero3_frozen_copy",
@@ -22,6 +23,12 @@ __all__ = [
     "gathered",
     "fill_bucket_sizes",
 ]
+
+
+def is_zero3(accelerator) -> bool:
+    """Whether `accelerator` runs DeepSpeed ZeRO stage 3."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return plugin is not None and plugin.zero_stage == 3
 
 
 def zero3_init_enabled() -> bool:

@@ -75,7 +75,7 @@ from ..team import (
     render_prompt,
     resolve_formatters,
 )
-from ..zero3 import fill_bucket_sizes, zero3_frozen_copy, zero3_init_enabled, zero3_init_flag_honoured
+from ..zero3 import fill_bucket_sizes, is_zero3, zero3_frozen_copy, zero3_init_enabled, zero3_init_flag_honoured
 from ..zero3 import gathered as zero3_gathered
 from ..zero3 import hooks_removed as zero3_hooks_removed
 from .config import MultiAgentConfig
@@ -643,7 +643,7 @@ class MultiAgentTrainer(_BaseTrainer):
         return [self._decode(tokenizers[i], encoded[i], completions[i], eos_ids[i], G) for i in range(len(models))]
 
     def _zero3(self) -> bool:
-        return self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        return self.is_deepspeed_enabled and is_zero3(self.accelerator)
 
     def _gathered_for_generation(self, model: torch.nn.Module):
         """The full parameters of `model` (one agent) for its `generate` call under FSDP2 / ZeRO-3; else nothing."""

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from ...zero3 import is_zero3
 from .pairs import joint_prompt_text, joint_response_text
 
 __all__ = ["JointRewardModel", "joint_text", "reward_dataset"]
@@ -122,7 +123,7 @@ class JointRewardModel(nn.Module):
         self.eval()
         for p in self.parameters():
             p.requires_grad_(False)
-        if _zero3(accelerator):
+        if is_zero3(accelerator):
             from ...zero3 import _is_partitioned, zero3_frozen_copy
             from .trl_pieces import prepare_deepspeed
 
@@ -267,7 +268,7 @@ class JointRewardModel(nn.Module):
             plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
             # ZeRO-3: each rank keeps only its partition between the stage's forwards
             stage3 = (
-                _stage3_persistence(plugin, self.model) if _zero3(trainer.accelerator) else contextlib.nullcontext()
+                _stage3_persistence(plugin, self.model) if is_zero3(trainer.accelerator) else contextlib.nullcontext()
             )
             with stage3:
                 out = trainer.train()
@@ -345,11 +346,6 @@ def _stage_reward_trainer_class() -> type:
                 self.is_fsdp_enabled = True
 
     return StageRewardTrainer
-
-
-def _zero3(accelerator) -> bool:
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    return plugin is not None and plugin.zero_stage == 3
 
 
 @contextlib.contextmanager
