@@ -121,3 +121,30 @@ def test_torch_compile(make_args, items, tiny_path):
     )
     t.train()
     assert t.state.global_step == 1
+
+
+def test_activation_checkpointing_on_older_transformers(tiny_path):
+    """On transformers < 5.24 (what vLLM's CPU build pins) the backbones only have `gradient_checkpointing_enable`:
+    plain per-layer checkpointing goes through it, and the options only the newer API has fail with a clear error."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_marl.team import TeamModel
+
+    calls = []
+
+    class OldApiModel(type(AutoModelForCausalLM.from_pretrained(tiny_path))):
+        activation_checkpointing_enable = None  # not there before 5.24
+        activation_checkpointing_disable = None
+
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+            calls.append(("enable", gradient_checkpointing_kwargs))
+
+        def gradient_checkpointing_disable(self):
+            calls.append(("disable", None))
+
+    team = TeamModel([OldApiModel.from_pretrained(tiny_path)], ["a"])
+    team.activation_checkpointing_enable({"use_reentrant": False})
+    team.activation_checkpointing_disable()
+    assert calls == [("enable", {"use_reentrant": False}), ("disable", None)]
+    with pytest.raises(ValueError, match="every_n_layers != 1 or offload=True needs transformers >= 5.24"):
+        team.activation_checkpointing_enable(every_n_layers=2)
