@@ -101,12 +101,14 @@ def run_equiv(which, out):
         args = MAPPOConfig(ppo_epochs=1, **common)
         trainer = MAPPOTrainer(args=args, critic_model=tiny_model_path(), **team)
     elif which == "madpo":
-        # pairs collected from all 8 items (each process its share), then 4 pairs per step (2 per process); random
-        # pair selection, so the choice must not depend on the process
+        # pairs collected from 9 items, 2 per process per generate: chunks of 4, 4 and 1 item, so rank 1 rolls out
+        # a filler in the last (generation is a collective under ZeRO-3 / FSDP2); then 4 pairs per step (2 per
+        # process). Random pair selection: the choice must not depend on the process
         args = MADPOConfig(
             preference_num_candidates=3, pair_selection="random", preference_pairs_per_sample=2, **common
         )
-        trainer = MADPOTrainer(args=args, **team)
+        nine = Dataset.from_list([*items, {"prompt": "Item 8: say something about moon."}])
+        trainer = MADPOTrainer(args=args, **{**team, "train_dataset": nine})
     gathered = record_gathers(trainer)
     # each prompt's samples depend only on the weights, the prompt and the step: a 2-process run, whose ranks each
     # roll out a share of the items, samples exactly what one process rolling out every item samples
