@@ -11,6 +11,7 @@ from datasets import Dataset
 import trl_marl.trainers.preference.iterative as iterative_module
 import trl_marl.trainers.preference.madpo as madpo_module
 from trl_marl import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer
+from trl_marl.rng import keyed_rng
 from trl_marl.testing import prompt_seeded_generation
 from trl_marl.trainers.preference.data_parallel import (
     collection_chunks,
@@ -89,6 +90,13 @@ def test_global_batch_slices_cut_one_processs_batches():
     assert [a + b for a, b in zip(*two)] == one
     # fewer pairs than one global batch: every process still gets a full slice (wrapping around repeatedly)
     assert [global_batch_slices([7, 8, 9], 2, r, 2) for r in (0, 1)] == [[[7, 8]], [[9, 7]]]
+
+
+def test_keyed_rng_depends_on_the_key_only():
+    draws = [keyed_rng(0, "pair_selection", 1, item).random() for item in (3, 3, 4)]
+    assert draws[0] == draws[1] != draws[2]
+    assert keyed_rng(1, "pair_selection", 1, 3).random() != draws[0]  # the seed
+    assert keyed_rng(0, "pair_selection", 2, 3).random() != draws[0]  # the round
 
 
 # ---------------------------------------------------------------- MADPO
