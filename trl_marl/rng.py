@@ -22,18 +22,23 @@ numpy consumers `streams.numpy(purpose, round)`.
 
 `state_dict()` / `load_state_dict()` hold every stream's state (tensors, for `torch.save`), so a resumed run draws
 exactly what an uninterrupted one would. Trainers hold their streams as `trainer.rng_streams`.
+
+Choices that must not depend on which process makes them, nor on what was drawn before (which pairs a task item keeps
+under `pair_selection="random"`), draw from `keyed_rng(seed, purpose, *key)` instead: a fresh generator per key
+(e.g. per round and item), so there is no state to checkpoint and 1 or N processes choose alike.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import random
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["RNGStreams", "PURPOSES", "stream_seed"]
+__all__ = ["RNGStreams", "PURPOSES", "stream_seed", "keyed_rng"]
 
 PURPOSES = ("rollout", "comparator", "reward_model_init", "replay", "critic_init")
 
@@ -42,6 +47,15 @@ def stream_seed(seed: int, purpose: str, round: int = 0, rank: int = 0) -> int:
     """A 63-bit seed for one stream: a hash of (seed, purpose, round, rank), so distinct streams never collide."""
     digest = hashlib.sha256(f"trl_marl/{int(seed)}/{purpose}/{int(round)}/{int(rank)}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def keyed_rng(seed: int, purpose: str, *key: int) -> random.Random:
+    """A fresh `random.Random` whose draws depend only on (seed, purpose, key): not on the process that draws, nor on
+    anything drawn before. For choices keyed by a piece of data (a round and a task item) that every process count
+    must make alike."""
+    text = "/".join(str(int(k)) for k in key)
+    digest = hashlib.sha256(f"trl_marl/keyed/{int(seed)}/{purpose}/{text}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "little"))
 
 
 class RNGStreams:

@@ -28,7 +28,14 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["TinyModelSpec", "build_tiny_tokenizer", "build_tiny_model", "tiny_model_path", "cache_dir"]
+__all__ = [
+    "TinyModelSpec",
+    "build_tiny_tokenizer",
+    "build_tiny_model",
+    "tiny_model_path",
+    "cache_dir",
+    "prompt_seeded_generation",
+]
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -194,3 +201,32 @@ def tiny_model_path(spec: TinyModelSpec | None = None, **overrides) -> str:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+def prompt_seeded_generation(trainer):
+    """Make `trainer.generate` sample each prompt's completions from a seed of its own (a hash of the agents'
+    prompts for that index and the training step), one `generate` call per prompt index: what a prompt gets then
+    depends only on the weights, the prompt and the step, not on the batch it is in nor on the process. With it, N
+    processes that each roll out a share of the items sample what one process rolling out every item samples (the
+    equivalence tests of data parallelism). Returns the trainer."""
+    import zlib
+
+    import torch
+
+    from .rollout import GenerationOutput
+
+    original = trainer.generate
+
+    def generate(prompts_per_agent, num_generations, greedy=False):
+        outs = [GenerationOutput([], [], []) for _ in prompts_per_agent]
+        for k in range(len(prompts_per_agent[0])):
+            key = "|".join(str(p[k]) for p in prompts_per_agent) + f"|{trainer.state.global_step}"
+            torch.manual_seed(zlib.crc32(key.encode()))
+            for o, g in zip(outs, original([[p[k]] for p in prompts_per_agent], num_generations, greedy)):
+                o.texts += g.texts
+                o.prompt_ids += g.prompt_ids
+                o.completion_ids += g.completion_ids
+        return outs
+
+    trainer.generate = generate
+    return trainer

@@ -62,37 +62,12 @@ def _finish():
 EQUIV = ("magrpo", "mappo", "madpo", "magrpo_lora")
 
 
-def prompt_seeded(trainer):
-    """Wrap `trainer.generate` so that each prompt's samples depend only on the weights, the prompt and the step
-    (one generate call per prompt index, seeded from the prompts): then a 2-process run, whose ranks each roll
-    out half of a batch, samples exactly what one process rolling out the whole batch samples."""
-    import zlib
-
-    from trl_marl.rollout import GenerationOutput
-
-    original = trainer.generate
-
-    def generate(prompts_per_agent, num_generations, greedy=False):
-        outs = [GenerationOutput([], [], []) for _ in prompts_per_agent]
-        for k in range(len(prompts_per_agent[0])):
-            key = "|".join(str(p[k]) for p in prompts_per_agent) + f"|{trainer.state.global_step}"
-            torch.manual_seed(zlib.crc32(key.encode()))
-            for o, g in zip(outs, original([[p[k]] for p in prompts_per_agent], num_generations, greedy)):
-                o.texts += g.texts
-                o.prompt_ids += g.prompt_ids
-                o.completion_ids += g.completion_ids
-        return outs
-
-    trainer.generate = generate
-    return trainer
-
-
 def run_equiv(which, out):
     from datasets import Dataset
     from peft import LoraConfig
 
     from trl_marl import MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer, MAPPOConfig, MAPPOTrainer
-    from trl_marl.testing import tiny_model_path
+    from trl_marl.testing import prompt_seeded_generation, tiny_model_path
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per = 4 // world  # 4 items per rollout in all, split over the processes
@@ -126,21 +101,26 @@ def run_equiv(which, out):
         args = MAPPOConfig(ppo_epochs=1, **common)
         trainer = MAPPOTrainer(args=args, critic_model=tiny_model_path(), **team)
     elif which == "madpo":
-        trainer = MADPOTrainer(args=MADPOConfig(preference_num_candidates=3, **common), **team)
+        # pairs collected from 9 items, 2 per process per generate: chunks of 4, 4 and 1 item, so rank 1 rolls out
+        # a filler in the last (generation is a collective under ZeRO-3 / FSDP2); then 4 pairs per step (2 per
+        # process). Random pair selection: the choice must not depend on the process
+        args = MADPOConfig(
+            preference_num_candidates=3, pair_selection="random", preference_pairs_per_sample=2, **common
+        )
+        nine = Dataset.from_list([*items, {"prompt": "Item 8: say something about moon."}])
+        trainer = MADPOTrainer(args=args, **{**team, "train_dataset": nine})
     gathered = record_gathers(trainer)
-    prompt_seeded(trainer)
-    if which == "madpo":
-        # the processes collect strided shares of the items: put the gathered pairs in one canonical order
-        pairs = trainer.collect_preference_pairs()
-        pairs = sorted(pairs, key=lambda p: (p.prompts, p.winner_completions, p.loser_completions))
-        # one step = every pair (the order of the shuffled batches is the data loader's business, not the engine's)
-        trainer.pairs = pairs[: len(pairs) - len(pairs) % 2]
-        trainer.args.per_device_train_batch_size = len(trainer.pairs) // world
+    # each prompt's samples depend only on the weights, the prompt and the step: a 2-process run, whose ranks each
+    # roll out a share of the items, samples exactly what one process rolling out every item samples
+    prompt_seeded_generation(trainer)
     trainer.train()
     trainer.save_model(out)
     if trainer.accelerator.is_main_process:
         with open(os.path.join(out, "run_info.json"), "w") as f:
             json.dump({"num_processes": trainer.accelerator.num_processes, **gathered}, f)
+        if which == "madpo":  # the collected pairs, in the order they are trained on
+            with open(os.path.join(out, "pairs.json"), "w") as f:
+                json.dump([p.to_record() for p in trainer.pairs], f)
 
 
 def run_rss(out, reference_kl=False, max_steps=3):

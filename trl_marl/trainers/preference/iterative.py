@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -43,8 +42,10 @@ from ...plugins.comparators_protocol import check_comparator_output
 from ...plugins.registry import COMPARATOR_GROUP, load_plugin
 from ...plugins.replay import make_replay_mode
 from ...progress import progress_bar, trainer_shows_progress
+from ...rng import keyed_rng
 from ...state_files import CorruptedStateError, read_json_state, require
 from ..actor_critic import IACConfig, MAACConfig
+from .data_parallel import collection_chunks, global_batch_slices, merge_item_shares
 from .madpo import MADPOConfig, MADPOTrainer
 from .marlhf import MARLHFConfig, MARLHFIACTrainer, MARLHFMAACTrainer, MARLHFTrainer, _MARLHFMixin
 from .pairs import PAIR_SELECTIONS, PreferencePair, select_aligned_pairs
@@ -545,16 +546,15 @@ class IterativeMixin:
         a, n = self.args, self.num_agents
         K, Kc = a.preference_num_candidates, self._comparator_candidates
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        indices = list(range(len(self.train_dataset)))[rank::world]
-        rng = random.Random(a.seed * 1_000_003 + nu * 101 + rank)
-        local: list[PreferencePair] = []
-        target_rewards, comp_rewards = [], []
-        starts = range(0, len(indices), a.rollout_buffer_size)
-        for start in progress_bar(starts, f"Round {nu}: collecting pairs", trainer_shows_progress(self)):
-            items = [self.train_dataset[j] for j in indices[start : start + a.rollout_buffer_size]]
+        # (item index, (pairs, target rewards, comparator rewards)) of this process's items
+        local: list[tuple[int, tuple[list[PreferencePair], list[float], list[float]]]] = []
+        chunks = collection_chunks(len(self.train_dataset), a.rollout_buffer_size, rank, world)
+        for indices, filler in progress_bar(chunks, f"Round {nu}: collecting pairs", trainer_shows_progress(self)):
+            # a filler chunk runs every step (generation and scoring may be collectives) and keeps nothing
+            items = [self.train_dataset[j] for j in indices]
             with self.rng_streams.scoped("rollout", nu):
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
-            self.env_step += rollout.env_steps
+            env_steps = rollout.env_steps
             prompts_per_agent = [[node.prompts[i] for node in rollout.nodes] for i in range(n)]
             task_prompts = [
                 self.rollout_engine.task_prompt(item, node.prompts) for item, node in zip(items, rollout.nodes)
@@ -572,37 +572,42 @@ class IterativeMixin:
             if flat:
                 comps = [[joint[b][c][i] for b, c in flat] for i in range(n)]
                 proc, raw = self._oracle_scores(comps, [task_prompts[b] for b, _ in flat], [items[b] for b, _ in flat])
-                self.env_step += len(flat)
+                env_steps += len(flat)
                 for (b, c), p, r in zip(flat, _shared_list(proc), _shared_list(raw)):
                     c_proc[b][c], c_raw[b][c] = p, r
+            if filler:
+                continue
+            self.env_step += env_steps
             for b, node in enumerate(rollout.nodes):
-                target_rewards.extend(t_proc[b])
-                comp_rewards.extend(v for v in c_proc[b] if v is not None)
+                # the random selection is keyed by (round, item): the same whichever process collects the item
+                rng = keyed_rng(a.seed, "pair_selection", nu, indices[b])
                 kept = select_aligned_pairs(t_proc[b], c_proc[b], a.pair_selection, a.preference_pairs_per_sample, rng)
                 present = [t_proc[b][c] for c in range(min(K, Kc))] + [
                     v for v in c_proc[b][: min(K, Kc)] if v is not None
                 ]
                 mean = sum(present) / len(present)
-                for c, target_wins in kept:
-                    local.append(
-                        self._aligned_pair(
-                            rollout,
-                            node,
-                            joint[b][c],
-                            c,
-                            target_wins,
-                            t_proc[b][c],
-                            c_proc[b][c],
-                            t_raw[b][c],
-                            c_raw[b][c],
-                            mean,
-                        )
+                pairs = [
+                    self._aligned_pair(
+                        rollout,
+                        node,
+                        joint[b][c],
+                        c,
+                        target_wins,
+                        t_proc[b][c],
+                        c_proc[b][c],
+                        t_raw[b][c],
+                        c_raw[b][c],
+                        mean,
                     )
-        if world > 1:
-            gathered = gather_object([(local, target_rewards, comp_rewards)])
-            local = [p for chunk, _, _ in gathered for p in chunk]
-            target_rewards = [r for _, chunk, _ in gathered for r in chunk]
-            comp_rewards = [r for _, _, chunk in gathered for r in chunk]
+                    for c, target_wins in kept
+                ]
+                comp = [v for v in c_proc[b] if v is not None]
+                local.append((indices[b], (pairs, list(t_proc[b]), comp)))
+        # every process's pairs in item order: what one process collecting every item builds
+        merged = merge_item_shares(gather_object([local]) if world > 1 else [local])
+        local = [p for pairs, _, _ in merged for p in pairs]
+        target_rewards = [r for _, rewards, _ in merged for r in rewards]
+        comp_rewards = [r for _, _, rewards in merged for r in rewards]
         m = self._metrics["train"]
         if target_rewards:
             for key in self.candidate_reward_keys:
@@ -796,12 +801,8 @@ class MADPOIterTrainer(IterativeMixin, MADPOTrainer):
         for _ in range(math.ceil(a.num_train_epochs)):
             order.extend(torch.randperm(len(pairs), generator=g).tolist())
         order = order[: max(1, round(len(pairs) * a.num_train_epochs))]
-        per_step = bs * world
-        if len(order) % per_step:
-            order += order[: per_step - len(order) % per_step]
-        batches = [
-            [pairs[k] for k in order[s + rank * bs : s + (rank + 1) * bs]] for s in range(0, len(order), per_step)
-        ]
+        # this process's slice of each global batch of bs x world pairs (the last one filled up by wrapping around)
+        batches = [[pairs[k] for k in mine] for mine in global_batch_slices(order, bs, rank, world)]
         return self._cap_round(self._align(batches, a.gradient_accumulation_steps), batches=True)
 
     def _prepare_inputs(self, batch):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +31,12 @@ from transformers.trainer_utils import TrainOutput
 
 from ...algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
 from ...progress import progress_bar, trainer_shows_progress
+from ...rng import keyed_rng
 from ..base import MultiAgentTrainer, _identity_collate
 from ..config import MultiAgentConfig
+from .data_parallel import EpochDataLoader, GlobalBatchSampler, collection_chunks, merge_item_shares
 from .dpo_forward import PreferenceBatch
-from .pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_from_rollout
+from .pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_per_item
 
 __all__ = ["PreferenceConfig", "MADPOConfig", "MADPOTrainer", "PreferenceCollectionMixin", "COLLABORATION_MODES"]
 
@@ -259,45 +260,43 @@ class PreferenceCollectionMixin:
     @torch.no_grad()
     def collect_preference_pairs(self, dataset=None) -> list[PreferencePair]:
         """Sample K joint responses per item (this process's share, `rollout_buffer_size` items per `generate`),
-        score them with the task reward, keep pairs by `pair_selection`. Returns the pairs of ALL processes, in the
-        same order on every process."""
+        score them with the task reward, keep pairs by `pair_selection` (its random choices keyed by the item).
+        Returns the pairs of ALL processes in item order, on every process: what one process collecting every item
+        builds from the same candidates (`data_parallel.py`)."""
         ds = self.train_dataset if dataset is None else dataset
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        indices = list(range(len(ds)))[rank::world]
-        rng = random.Random(self.args.seed + rank)
-        K, bs = self.args.preference_num_candidates, self.args.rollout_buffer_size
-        local: list[PreferencePair] = []
-        rewards: list[float] = []
+        K, bs, nu = self.args.preference_num_candidates, self.args.rollout_buffer_size, self._rng_round()
+        local: list[tuple[int, tuple[list[PreferencePair], list[float]]]] = []  # (item index, (pairs, rewards))
         was_training = self.model.training
-        starts = range(0, len(indices), bs)
-        for start in progress_bar(starts, "Collecting preference pairs", trainer_shows_progress(self)):
-            items = [ds[j] for j in indices[start : start + bs]]
-            with self.rng_streams.scoped("rollout", self._rng_round()):
+        chunks = collection_chunks(len(ds), bs, rank, world)
+        for indices, filler in progress_bar(chunks, "Collecting preference pairs", trainer_shows_progress(self)):
+            items = [ds[j] for j in indices]
+            with self.rng_streams.scoped("rollout", nu):
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
+            if filler:  # rolled out only to join the other processes' collectives
+                continue
             self.env_step += rollout.env_steps
-            for node in rollout.nodes:
-                r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)
-                rewards.extend(r.tolist())
-            new = pairs_from_rollout(
+            per_item = pairs_per_item(
                 rollout,
                 self.args.pair_selection,
                 self.args.preference_pairs_per_sample,
-                rng,
+                lambda b, indices=indices: keyed_rng(self.args.seed, "pair_selection", nu, indices[b]),
                 formatters=self.rollout_engine.formatters,
             )
-            self._set_completion_ends(new)
-            local.extend(new)
+            for node, pairs in zip(rollout.nodes, per_item):
+                self._set_completion_ends(pairs)
+                r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)
+                local.append((indices[node.item], (pairs, r.tolist())))
         self.model.train(was_training)
-        if world > 1:
-            gathered = gather_object([(local, rewards)])
-            local = [p for chunk, _ in gathered for p in chunk]
-            rewards = [r for _, chunk in gathered for r in chunk]
+        merged = merge_item_shares(gather_object([local]) if world > 1 else [local])
+        pairs = [p for item_pairs, _ in merged for p in item_pairs]
+        rewards = [r for _, item_rewards in merged for r in item_rewards]
         mean = sum(rewards) / max(len(rewards), 1)
         # documented: these are the collected candidates' mean, not the updated policy's reward
         for key in self.candidate_reward_keys:
             self._metrics["train"][key].append(mean)
-        self._metrics["train"]["num_pairs"].append(float(len(local)))
-        return local
+        self._metrics["train"]["num_pairs"].append(float(len(pairs)))
+        return pairs
 
 
 class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
@@ -386,17 +385,19 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
 
     # ---- data: the collected pairs ----
     def get_train_dataloader(self) -> DataLoader:
+        """This process's slices of each global batch of `train_batch_size x processes` pairs (`GlobalBatchSampler`):
+        N processes train on exactly the batches of one process with `train_batch_size x N`."""
         if self.pairs is None:
             self.pairs = self.collect_preference_pairs()
-        g = torch.Generator().manual_seed(self.args.seed)
-        loader = DataLoader(
-            list(range(len(self.pairs))),
-            batch_size=self.args.per_device_train_batch_size,
-            shuffle=True,
-            generator=g,
-            collate_fn=_identity_collate,
+        acc = self.accelerator
+        sampler = GlobalBatchSampler(
+            len(self.pairs),
+            self.args.per_device_train_batch_size,
+            acc.process_index,
+            acc.num_processes,
+            self.args.seed,
         )
-        return self.accelerator.prepare(loader)
+        return EpochDataLoader(range(len(self.pairs)), batch_sampler=sampler, collate_fn=_identity_collate)
 
     def _prepare_inputs(self, batch):
         return {"pairs": [self.pairs[i] for i in batch]}

@@ -41,6 +41,7 @@ __all__ = [
     "select_pairs",
     "select_aligned_pairs",
     "pairs_from_rollout",
+    "pairs_per_item",
     "to_dataset",
     "joint_prompt_text",
     "joint_response_text",
@@ -245,11 +246,30 @@ def select_pairs(
 
 
 def pairs_from_rollout(
-    rollout, selection: str, limit: int | None, rng: random.Random, formatters=None
+    rollout,
+    selection: str,
+    limit: int | None,
+    rng: random.Random | Callable[[int], random.Random],
+    formatters=None,
 ) -> list[PreferencePair]:
-    """Preference pairs from a single-turn aligned rollout (one node per item, K joint actions). With the agents'
-    `formatters`, chat-message prompts are kept in `prompt_messages` (for the conversational export)."""
-    out: list[PreferencePair] = []
+    """Preference pairs from a single-turn aligned rollout (one node per item, K joint actions), item after item
+    (`pairs_per_item`, flattened)."""
+    return [p for pairs in pairs_per_item(rollout, selection, limit, rng, formatters) for p in pairs]
+
+
+def pairs_per_item(
+    rollout,
+    selection: str,
+    limit: int | None,
+    rng: random.Random | Callable[[int], random.Random],
+    formatters=None,
+) -> list[list[PreferencePair]]:
+    """Per node of a single-turn aligned rollout (one node per item, K joint actions), in node order: the pairs it
+    keeps (`select_pairs`). `rng` (for `"random"`) is one generator for every item, or a function from the item's
+    index in `rollout.items` to that item's own generator (the trainers key it by the item, `rng.keyed_rng`, so
+    the choice does not depend on the process that makes it). With the agents' `formatters`, chat-message prompts
+    are kept in `prompt_messages` (for the conversational export)."""
+    out: list[list[PreferencePair]] = []
     n = rollout.num_agents
     for node in rollout.nodes:
         scores = node.rewards.tolist() if node.rewards.ndim == 1 else node.rewards.mean(dim=1).tolist()
@@ -259,10 +279,11 @@ def pairs_from_rollout(
             item = rollout.items[node.item]
             messages = [_messages_or_none(formatters[i](item)) for i in range(n)]
             messages = messages if any(messages) else None
-        for w, lo in select_pairs(scores, selection, limit, rng):
+        kept = []
+        for w, lo in select_pairs(scores, selection, limit, rng(node.item) if callable(rng) else rng):
             ws = [rollout.samples[node.samples[i][w]] for i in range(n)]
             ls = [rollout.samples[node.samples[i][lo]] for i in range(n)]
-            out.append(
+            kept.append(
                 PreferencePair(
                     prompts=[s.prompt for s in ws],
                     winner_completions=[s.completion for s in ws],
@@ -276,6 +297,7 @@ def pairs_from_rollout(
                     prompt_messages=messages,
                 )
             )
+        out.append(kept)
     return out
 
 
