@@ -59,6 +59,24 @@ def test_engines_shard_what_they_should(tiny_path):
     assert f2.peak < z3.peak < z2.peak < ddp.peak
 
 
+def test_estimate_inside_a_zero3_process(tiny_path):
+    """`estimate` called in a process where transformers sees ZeRO-3 (as in `accelerate launch` with a ZeRO-3 config:
+    transformers registers the engine's config process-wide) counts the same parameters as elsewhere. (On the old
+    code `from_config` built the meta model inside `deepspeed.zero.Init` and re-initialised it: "Cannot copy out of
+    meta tensor".)"""
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
+
+    expected = estimate(_cfg(), tiny_path, "zero3", 2)
+    ds = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_batch_size": 1})
+    try:
+        assert is_deepspeed_zero3_enabled()
+        assert estimate(_cfg(), tiny_path, "zero3", 2) == expected
+    finally:
+        unset_hf_deepspeed_config()
+        del ds
+
+
 def test_master_weights_are_fp32_under_deepspeed_whatever_the_weights(tiny_path):
     """bf16 weights: DeepSpeed's master copy is still 4 bytes per trainable parameter, next to AdamW's 8."""
     cfg = _cfg()

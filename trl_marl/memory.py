@@ -158,11 +158,14 @@ def _load_config(model_config_or_id):
 
 
 def _meta_model(model_config):
+    """The causal LM of `model_config` on the meta device (no memory), built by its class's constructor: AutoModel's
+    `from_config` would build it inside `deepspeed.zero.Init` and re-initialise its weights whenever the calling
+    process runs ZeRO-3 (transformers registers the engine's config process-wide), which fails on meta tensors."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(model_config)
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)](model_config)
 
 
 def layer_parameters(model_config) -> int:
