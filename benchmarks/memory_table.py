@@ -33,7 +33,7 @@ def row(base: str, agents: int, lora: bool) -> str:
         num_generations=4,
         rollout_buffer_size=2,
         max_prompt_length=256,
-        max_new_tokens=256,
+        max_completion_length=256,
         gradient_checkpointing=True,
         share_base_model=lora,
         use_cpu=True,
@@ -50,7 +50,9 @@ def row(base: str, agents: int, lora: bool) -> str:
 
 
 def main() -> None:
-    print("| base | agents | team | DDP | ZeRO-2 | ZeRO-3 | FSDP2 | + step transient | + ZeRO-3 / FSDP2 layer window |")
+    print(
+        "| base | agents | team | DDP | ZeRO-2 | ZeRO-3 | FSDP2 | + step transient | + ZeRO-3 / FSDP2 layer window |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for base in QWEN25:
         for agents in (2, 4):
