@@ -16,7 +16,7 @@
 | KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows | none |
 | activations | every agent's forward graph of one training step, kept until the one backward (logits included) | none |
 | training gather | ZeRO-3 / FSDP2 in the training step: two decoder layers of full weights (the one computing and the one prefetched; trl_marl sets ZeRO-3's live-parameter window to one layer, `trl_marl.zero3.fill_bucket_sizes`) | (is the gather) |
-| optimizer step | AdamW's step: torch's foreach AdamW makes one temporary the size of the parameter group it updates (`sqrt` of the second moment); trl_marl has one group per agent and DeepSpeed steps its flat partition group by group, so one agent's trainable parameters x 4 bytes | ZeRO-2, ZeRO-3, FSDP2 |
+| optimizer step | AdamW's step: a temporary the size of what it updates at once, in fp32 (`sqrt` of the second moment): a parameter group with torch's foreach kernels (GPUs), one tensor on the CPU, where DeepSpeed's flat partition of a group IS one tensor; trl_marl has one group per agent, so one agent's trainable parameters x 4 bytes (an upper bound for DDP / FSDP2 on the CPU) | ZeRO-2, ZeRO-3, FSDP2 |
 
 The peak is `weights + gradients + comm buffers + master weights + optimizer + references + critics + reward model +
 max(generation, training, optimizer step)`, with generation = gather + KV cache and training = activations + training
@@ -305,7 +305,7 @@ def estimate(
     act = n * _activation_bytes(cfg, train_rows, seq, int(config.max_new_tokens), wb, checkpointing)
     training_gather = 2 * layer_parameters(cfg) * wb if engine in ("zero3", "fsdp2") else 0
 
-    # the optimizer step: AdamW's temporary for the group it updates (one agent's trainable parameters, in fp32)
+    # the optimizer step: AdamW's temporary for what it updates at once (at most one agent's group, in fp32)
     optimizer_step = math.ceil((lora if peft_config is not None else P) * 4 / shard_go)
 
     return MemoryEstimate(
