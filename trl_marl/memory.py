@@ -7,18 +7,33 @@
 | weights | n agents (one base + n adapters for a shared-base LoRA team) | ZeRO-3, FSDP2 |
 | gradients | the trainable parameters' gradients | ZeRO-2, ZeRO-3, FSDP2 |
 | comm buffers | DDP over several ranks: its gradient buckets, a second copy of the gradients (`gradient_as_bucket_view` off, accelerate's default) | none |
-| optimizer | AdamW's two fp32 moments per trainable parameter (+ an fp32 master copy under DeepSpeed with 16-bit weights) | ZeRO-2, ZeRO-3, FSDP2 |
+| master weights | DeepSpeed (ZeRO-2 / ZeRO-3): an fp32 copy of the trainable parameters' partition, 4 bytes each, ALSO for fp32 weights (see below) | ZeRO-2, ZeRO-3 |
+| optimizer | AdamW's two fp32 moments per trainable parameter | ZeRO-2, ZeRO-3, FSDP2 |
 | references | frozen copies for the reference-KL penalty (none for LoRA agents: the base with adapters off) | ZeRO-3, FSDP2 |
-| critics | separate critics of the actor-critic trainers, trained like the agents | as the agents |
+| critics | separate critics of the actor-critic trainers, trained like the agents (master weights included) | as the agents |
 | reward model | the joint reward model MARLHF scores rollouts with (whole on every rank under DDP / ZeRO-2) | ZeRO-3, FSDP2 |
 | generation gather | full weights of the ONE agent that generates (ZeRO-3, FSDP2) | (is the gather) |
 | KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows | none |
 | activations | every agent's forward graph of one training step, kept until the one backward (logits included) | none |
+| training gather | ZeRO-3 / FSDP2 in the training step: two decoder layers of full weights (the one computing and the one prefetched; trl_marl sets ZeRO-3's live-parameter window to one layer, `trl_marl.zero3.fill_bucket_sizes`) | (is the gather) |
+| optimizer step | AdamW's step: a temporary the size of what it updates at once, in fp32 (`sqrt` of the second moment): a parameter group with torch's foreach kernels (GPUs), one tensor on the CPU, where DeepSpeed's flat partition of a group IS one tensor; trl_marl has one group per agent, so one agent's trainable parameters x 4 bytes (an upper bound for DDP / FSDP2 on the CPU) | ZeRO-2, ZeRO-3, FSDP2 |
 
-The peak is `weights + gradients + comm buffers + optimizer + references + critics + reward model + max(generation, training)`,
-with generation = gather + KV cache and training = activations. Parameter counts are exact (the model is built on
-the meta device from its config); activation and KV sizes are standard first-order formulas. Validated on CPU
-against measured peak RSS (tests/test_memory.py, docs/scaling.md).
+The peak is `weights + gradients + comm buffers + master weights + optimizer + references + critics + reward model +
+max(generation, training, optimizer step)`, with generation = gather + KV cache and training = activations + training
+gather. Parameter counts are exact (the model is built on the meta device from its config); activation and KV sizes
+are standard first-order formulas. Validated on CPU against measured peak RSS, one process and every engine with 2
+processes (tests/test_memory.py, docs/scaling.md).
+
+Master weights, from DeepSpeed 0.19's code: ZeRO-2 (`stage_1_and_2.py`) always clones the rank's partition into
+`single_partition_of_fp32_groups`; ZeRO-3 (`stage3.py::_create_fp32_partitions`) means to reuse an fp32 partition
+(`fp16_partitioned_groups_flat`) as the master, but compares its `torch.device` with the engine's device NAME (a
+string such as "cpu" or "cuda:0"), which is never equal, so it clones too (measured: separate storages, 73 MB per
+rank on the model-shaped team). FSDP2 and DDP update the weights in place.
+
+Not counted: the process's fixed runtime (CUDA context on GPUs, about 1 GB; on the CPU, code pages and the Python
+modules an engine imports: `deepspeed.initialize` imports torch's inductor / functorch.compile / networkx, measured
+41 MB to import; 60-90 MB per rank of non-tensor memory under DeepSpeed against about 30 MB under DDP, see
+docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -28,7 +43,15 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ENGINES", "MemoryEstimate", "estimate", "count_parameters", "return_freed_tensors_to_os", "main"]
+__all__ = [
+    "ENGINES",
+    "MemoryEstimate",
+    "estimate",
+    "count_parameters",
+    "layer_parameters",
+    "return_freed_tensors_to_os",
+    "main",
+]
 
 ENGINES = ("ddp", "zero2", "zero3", "fsdp2")
 GIB = 1024**3
@@ -45,6 +68,7 @@ class MemoryEstimate:
     weights: int
     gradients: int
     comm_buffers: int
+    master_weights: int
     optimizer: int
     references: int
     critics: int
@@ -52,17 +76,21 @@ class MemoryEstimate:
     generation_gather: int
     kv_cache: int
     activations: int
+    training_gather: int
+    optimizer_step: int
 
     @property
     def resident(self) -> int:
         """What stays allocated for the whole run."""
-        parts = (self.weights, self.gradients, self.comm_buffers, self.optimizer, self.references, self.critics)
-        return sum(parts) + self.reward_model
+        parts = (self.weights, self.gradients, self.comm_buffers, self.master_weights, self.optimizer)
+        return sum(parts) + self.references + self.critics + self.reward_model
 
     @property
     def peak(self) -> int:
-        """The per-rank peak: resident + the larger of the generation and training transients."""
-        return self.resident + max(self.generation_gather + self.kv_cache, self.activations)
+        """The per-rank peak: resident + the largest transient (generation, training step, optimizer step)."""
+        generation = self.generation_gather + self.kv_cache
+        training = self.activations + self.training_gather
+        return self.resident + max(generation, training, self.optimizer_step)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "resident": self.resident, "peak": self.peak}
@@ -73,6 +101,7 @@ class MemoryEstimate:
             "weights",
             "gradients",
             "comm_buffers",
+            "master_weights",
             "optimizer",
             "references",
             "critics",
@@ -80,6 +109,8 @@ class MemoryEstimate:
             "generation_gather",
             "kv_cache",
             "activations",
+            "training_gather",
+            "optimizer_step",
             "peak",
         ]
         lines = [f"engine={self.engine} world_size={self.world_size} (GiB per rank)"]
@@ -126,15 +157,36 @@ def _load_config(model_config_or_id):
     return AutoConfig.from_pretrained(str(model_config_or_id))
 
 
+def _meta_model(model_config):
+    """The causal LM of `model_config` on the meta device (no memory), built by its class's constructor: AutoModel's
+    `from_config` would build it inside `deepspeed.zero.Init` and re-initialise its weights whenever the calling
+    process runs ZeRO-3 (transformers registers the engine's config process-wide), which fails on meta tensors."""
+    import torch
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    with torch.device("meta"):
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)](model_config)
+
+
+def layer_parameters(model_config) -> int:
+    """Parameters of one decoder layer (the first block of the model's largest `nn.ModuleList`), exact (meta
+    device); the whole model when it has no such list."""
+    from torch import nn
+
+    model = _meta_model(model_config)
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    if not lists:
+        return sum(p.numel() for p in model.parameters())
+    blocks = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return sum(p.numel() for p in blocks[0].parameters())
+
+
 def count_parameters(model_config, peft_config=None) -> tuple[int, int]:
     """`(parameters of one model, LoRA parameters for peft_config)`, exact: the model is built on the meta device
     (no memory) and LoRA adds `r x (in + out)` per targeted Linear."""
-    import torch
     from torch import nn
-    from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config)
+    model = _meta_model(model_config)
     total = sum(p.numel() for p in model.parameters())
     lora = 0
     if peft_config is not None:
@@ -208,13 +260,14 @@ def estimate(
     base_params = P if shared else n * P
     trainable = n * lora if peft_config is not None else n * P
     weights_all = base_params * wb + (n * lora * wb if peft_config is not None else 0)
-    master = 4 if (engine in ("zero2", "zero3") and wb < 4) else 0
+    master = 4 if engine in ("zero2", "zero3") else 0  # DeepSpeed's fp32 copy, whatever wb (module docstring)
     shard_w = world_size if engine in ("zero3", "fsdp2") else 1
     shard_go = world_size if engine != "ddp" else 1
     weights = math.ceil(weights_all / shard_w)
     gradients = math.ceil(trainable * wb / shard_go)
     comm_buffers = trainable * wb if engine == "ddp" and world_size > 1 else 0  # DDP's gradient buckets
-    optimizer = math.ceil(trainable * (8 + master) / shard_go)
+    master_weights = math.ceil(trainable * master / shard_go)
+    optimizer = math.ceil(trainable * 8 / shard_go)
 
     # references: frozen copies of full agents; LoRA agents use their base with adapters off
     references = 0
@@ -226,7 +279,7 @@ def estimate(
     if getattr(config, "uses_separate_critics", False):
         k = int(getattr(config, "num_critics", 1))
         Pc = P if critic_model_config is None else count_parameters(_load_config(critic_model_config))[0]
-        critics = math.ceil(k * Pc * wb / shard_w) + math.ceil(k * Pc * (wb + 8 + master) / shard_go)
+        critics = math.ceil(k * Pc * wb / shard_w) + math.ceil(k * Pc * (wb + master + 8) / shard_go)
 
     # the joint reward model of MARLHF while it scores rollouts: whole on every rank, partitioned under ZeRO-3 /
     # FSDP2 (JointRewardModel.prepare_for_scoring)
@@ -246,10 +299,14 @@ def estimate(
     else:
         gather = 0
 
-    # training: every agent's graph until the one backward
+    # training: every agent's graph until the one backward; ZeRO-3 / FSDP2 hold the layer computing and the next
     train_rows = int(getattr(config, "train_batch_size", None) or config.rollout_buffer_size) * gen
     checkpointing = bool(getattr(config, "gradient_checkpointing", False))
     act = n * _activation_bytes(cfg, train_rows, seq, int(config.max_new_tokens), wb, checkpointing)
+    training_gather = 2 * layer_parameters(cfg) * wb if engine in ("zero3", "fsdp2") else 0
+
+    # the optimizer step: AdamW's temporary for what it updates at once (at most one agent's group, in fp32)
+    optimizer_step = math.ceil((lora if peft_config is not None else P) * 4 / shard_go)
 
     return MemoryEstimate(
         engine=engine,
@@ -259,6 +316,7 @@ def estimate(
         weights=weights,
         gradients=gradients,
         comm_buffers=comm_buffers,
+        master_weights=master_weights,
         optimizer=optimizer,
         references=references,
         critics=critics,
@@ -266,6 +324,8 @@ def estimate(
         generation_gather=gather,
         kv_cache=kv,
         activations=act,
+        training_gather=training_gather,
+        optimizer_step=optimizer_step,
     )
 
 
@@ -294,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         num_generations=a.num_generations,
         rollout_buffer_size=a.rollout_buffer_size,
         max_prompt_length=a.max_prompt_length,
-        max_new_tokens=a.max_new_tokens,
+        max_completion_length=a.max_new_tokens,
         share_base_model=a.share_base_model,
         reference_kl_enabled=a.reference_kl,
         use_cpu=True,

@@ -126,7 +126,8 @@ def run_equiv(which, out):
 def run_rss(out, reference_kl=False, max_steps=3):
     """A model-shaped team (2 agents, hidden 512, 8 layers): `max_steps` MAGRPO steps; each rank writes its RSS
     before the trainer is built, its peak RSS, its current and peak RSS at the end of each phase (built, prepared,
-    rollout, step), the time of each training step and the engine's ZeRO settings."""
+    rollout, step), the time of each training step, the engine's ZeRO settings, and `trl_marl.memory.estimate` of
+    this very run (its args, engine, number of processes and longest prompt)."""
     import resource
     import time
 
@@ -190,6 +191,14 @@ def run_rss(out, reference_kl=False, max_steps=3):
     trainer.train()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rank = trainer.accelerator.process_index
+    from trl_marl.memory import estimate
+
+    if trainer.is_deepspeed_enabled:
+        engine = f"zero{trainer.accelerator.state.deepspeed_plugin.zero_stage}"
+    else:
+        engine = "fsdp2" if trainer.is_fsdp_enabled else "ddp"
+    prompt_length = max(len(trainer.tokenize_prompt(0, item["prompt"])) for item in items)
+    est = estimate(args, path, engine, trainer.accelerator.num_processes, prompt_length=prompt_length)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rss_rank{rank}.json"), "w") as f:
         json.dump(
@@ -201,6 +210,8 @@ def run_rss(out, reference_kl=False, max_steps=3):
                 "timings": dict(trainer._timings),
                 "phases": phases,
                 "zero_optimization": zero_config(trainer),
+                "engine": engine,
+                "estimate": est.as_dict(),
             },
             f,
         )
