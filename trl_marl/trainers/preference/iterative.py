@@ -39,6 +39,7 @@ import torch
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
+from ...collective import even_chunks
 from ...plugins.comparators_protocol import check_comparator_output
 from ...plugins.registry import COMPARATOR_GROUP, load_plugin
 from ...plugins.replay import make_replay_mode
@@ -538,6 +539,8 @@ class IterativeMixin:
 
     def _oracle_scores(self, completions_per_agent, task_prompts, items) -> tuple[torch.Tensor, torch.Tensor]:
         """(processed, raw) scores of joint responses; the task reward by default."""
+        if not task_prompts:
+            return torch.zeros(0), torch.zeros(0)
         return self.reward(completions_per_agent, task_prompts, items)
 
     @torch.no_grad()
@@ -549,9 +552,10 @@ class IterativeMixin:
         rng = random.Random(a.seed * 1_000_003 + nu * 101 + rank)
         local: list[PreferencePair] = []
         target_rewards, comp_rewards = [], []
-        starts = range(0, len(indices), a.rollout_buffer_size)
-        for start in progress_bar(starts, f"Round {nu}: collecting pairs", trainer_shows_progress(self)):
-            items = [self.train_dataset[j] for j in indices[start : start + a.rollout_buffer_size]]
+        # ZeRO-3 / FSDP2: as many batches on every process (the last ones empty where this share is shorter)
+        chunks = even_chunks(indices, a.rollout_buffer_size, synced=self.collective_generation)
+        for chunk in progress_bar(chunks, f"Round {nu}: collecting pairs", trainer_shows_progress(self)):
+            items = [self.train_dataset[j] for j in chunk]
             with self.rng_streams.scoped("rollout", nu):
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
             self.env_step += rollout.env_steps
@@ -569,7 +573,8 @@ class IterativeMixin:
             flat = [(b, c) for b in range(len(items)) for c in range(Kc) if joint[b][c] is not None]
             c_proc: list[list[float | None]] = [[None] * Kc for _ in items]
             c_raw: list[list[float | None]] = [[None] * Kc for _ in items]
-            if flat:
+            # a sharded reward-model oracle is a collective: called (with no rows) even where no candidate is left
+            if flat or self.collective_generation:
                 comps = [[joint[b][c][i] for b, c in flat] for i in range(n)]
                 proc, raw = self._oracle_scores(comps, [task_prompts[b] for b, _ in flat], [items[b] for b, _ in flat])
                 self.env_step += len(flat)

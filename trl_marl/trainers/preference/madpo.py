@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 from transformers.trainer_utils import TrainOutput
 
 from ...algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
+from ...collective import even_chunks
 from ...progress import progress_bar, trainer_shows_progress
 from ..base import MultiAgentTrainer, _identity_collate
 from ..config import MultiAgentConfig
@@ -269,11 +270,14 @@ class PreferenceCollectionMixin:
         local: list[PreferencePair] = []
         rewards: list[float] = []
         was_training = self.model.training
-        starts = range(0, len(indices), bs)
-        for start in progress_bar(starts, "Collecting preference pairs", trainer_shows_progress(self)):
-            items = [ds[j] for j in indices[start : start + bs]]
+        # ZeRO-3 / FSDP2: as many batches on every process (the last ones empty where this share is shorter)
+        chunks = even_chunks(indices, bs, synced=self.collective_generation)
+        for chunk in progress_bar(chunks, "Collecting preference pairs", trainer_shows_progress(self)):
+            items = [ds[j] for j in chunk]
             with self.rng_streams.scoped("rollout", self._rng_round()):
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
+            if not items:
+                continue
             self.env_step += rollout.env_steps
             for node in rollout.nodes:
                 r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)
