@@ -584,10 +584,57 @@ def run_uneven(out):
     result["eval_generate_calls"] = list(calls)
     result["eval_first_turn_rewards"] = first_turn
     result["eval_turn_1_reward_mean"] = metrics["eval_turn_1/reward_mean"]
+    result.update(uneven_lora_madpo(out, items[:3], rank))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     torch.save(tensors, os.path.join(out, f"rank{rank}.pt"))
+
+
+def uneven_lora_madpo(out, items, rank):
+    """`run_uneven` on a LoRA team (one shared base, one mixed-adapter `generate`) under MADPO:
+    6. `generate` with prompts on rank 0 only, then on both ranks, from the same seed;
+    7. pair collection on 3 items, one per batch: 2 batches on rank 0, 1 on rank 1."""
+    from peft import LoraConfig
+
+    from trl_marl import MADPOConfig, MADPOTrainer
+    from trl_marl.testing import tiny_model_path
+
+    args = MADPOConfig(
+        output_dir=os.path.join(out, "madpo"),
+        share_base_model=True,
+        preference_num_candidates=2,
+        rollout_buffer_size=1,
+        max_completion_length=4,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = MADPOTrainer(
+        agent_model=tiny_model_path(), reward_func=reward, args=args, train_dataset=items, peft_config=lora
+    )
+    prompts = [["Tell me about rain.", "Tell me about snow."], ["Answer about wind."]]
+    torch.manual_seed(1)
+    alone_share = trainer.generate(prompts if rank == 0 else [[], []], 2)
+    torch.manual_seed(1)
+    both = trainer.generate(prompts, 2)
+    collected = []
+    run = trainer.rollout_engine.run
+
+    def recorded(batch, *a, **k):
+        collected.append([item["prompt"] for item in batch])
+        return run(batch, *a, **k)
+
+    trainer.rollout_engine.run = recorded
+    pairs = trainer.collect_preference_pairs()
+    return {
+        "lora_generated": [[c.tolist() for c in o.completion_ids] for o in alone_share],
+        "lora_generated_both": [[c.tolist() for c in o.completion_ids] for o in both],
+        "madpo_collect_batches": collected,
+        "madpo_num_pairs": len(pairs),
+    }
 
 
 if __name__ == "__main__":
