@@ -196,12 +196,19 @@ def build_shared_base(base: nn.Module, peft_config, num_agents: int, name: str):
 
 
 def mixed_adapter_generate(
-    pm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, adapter_names: list[str], generation_config
+    pm: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    adapter_names: list[str],
+    generation_config,
+    synced_gpus: bool | None = None,
 ) -> torch.Tensor:
-    """ONE `generate` call whose row r runs adapter `adapter_names[r]` (PEFT mixed-adapter batches)."""
+    """ONE `generate` call whose row r runs adapter `adapter_names[r]` (PEFT mixed-adapter batches); `synced_gpus`
+    as transformers' `generate` takes it."""
     return pm.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
         adapter_names=adapter_names,
         generation_config=generation_config,
+        synced_gpus=synced_gpus,
     )

@@ -28,6 +28,7 @@ __all__ = [
     "shard_team",
     "gathered_for_generation",
     "check_fsdp2_plugin",
+    "full_state_dict",
 ]
 
 
@@ -199,8 +200,26 @@ def _lazy_init_root(root: nn.Module) -> None:
         state._lazy_init()
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full (unsharded) state dict of an FSDP2 model on CPU, on every rank (a collective)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def full_state_dict(model: nn.Module, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict of an FSDP2 model as CPU tensors; a collective every rank must call.
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    - `rank0_only=False` (default): on EVERY rank, gathered one tensor at a time (`DTensor.full_tensor`), so a rank
+      never holds more than one full parameter on its device besides its shards.
+    - `rank0_only=True`: on rank 0 only (torch's `get_model_state_dict(full_state_dict=True, cpu_offload=True)`,
+      what accelerate's `get_state_dict` returns for FSDP2); the other ranks get an empty dict. For a writer that
+      saves on the main process only: the other ranks hold no full copy at all.
+    """
+    if rank0_only:
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        out = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        on_rank0 = not dist.is_initialized() or dist.get_rank() == 0
+        return out if on_rank0 else {}  # torch returns an empty dict there already; made explicit
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, value in model.state_dict().items():
+        value = value.full_tensor() if isinstance(value, DTensor) else value
+        out[name] = value.detach().cpu().clone()
+    return out

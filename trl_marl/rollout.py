@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .algorithms.advantages import baseline_advantages, cross_sample_returns, group_advantages, tree_returns
+from .collective import any_over_processes
 from .rewards import RewardFunction
 from .team import PromptText
 
@@ -188,6 +189,10 @@ class JointRollout:
         external_transition: called after each non-final turn per joint action, returns one prompt per agent.
         external_prompt_passthrough: use the transition's prompts verbatim instead of formatting them.
         early_termination_threshold: a node stops expanding when its mean processed reward exceeds this.
+        synced: keep the processes in step (`trl_marl.collective`): set when generating or scoring is a collective
+            (ZeRO-3, FSDP2). A process whose branches all ended (or that has no items) keeps taking part in every
+            turn another process still runs, calling `generate_fn` with no prompts (the reward is not called: a
+            learned, sharded reward model scores single-turn rollouts only, MARLHF).
         greedy_baseline: also decode every node greedily (one more batched `generate` per agent) and score that
             joint action in the same reward call; its reward is `node.greedy_reward` (ReMax's baseline).
     """
@@ -205,6 +210,7 @@ class JointRollout:
         external_prompt_passthrough: bool = False,
         early_termination_threshold: float | None = None,
         greedy_baseline: bool = False,
+        synced: bool = False,
     ):
         if joint_mode not in JOINT_MODES:
             raise ValueError(f"joint_mode must be one of {JOINT_MODES}, got {joint_mode!r}")
@@ -221,6 +227,7 @@ class JointRollout:
         self.external_prompt_passthrough = external_prompt_passthrough
         self.early_termination_threshold = early_termination_threshold
         self.greedy_baseline = greedy_baseline
+        self.synced = synced
         self._transition_kwargs = _accepted_kwargs(external_transition) if external_transition else set()
         size = tree_size(num_generations, num_agents, num_turns, joint_mode)
         if size > TREE_WARN_SIZE:
@@ -300,7 +307,8 @@ class JointRollout:
             rollout.nodes.append(node)
             frontier.append(node)
         for turn in range(self.num_turns):
-            if not frontier:
+            # synced: every process runs a turn while any process has a branch left (collective generation)
+            if not (any_over_processes(bool(frontier)) if self.synced else frontier):
                 break
             self._expand_turn(rollout, frontier, generate_fn, G)
             if turn == self.num_turns - 1:
@@ -333,6 +341,11 @@ class JointRollout:
 
     def _expand_turn(self, rollout: Rollout, nodes: list[Node], generate_fn: GenerateFn, G: int) -> None:
         n = self.num_agents
+        if not nodes:  # a synced process with nothing left this turn: take part in the collectives only
+            generate_fn([[] for _ in range(n)], G)
+            if getattr(self, "_greedy_now", False):
+                generate_fn([[] for _ in range(n)], 1, greedy=True)
+            return
         prompts_per_agent = [[node._rendered[i] for node in nodes] for i in range(n)]  # type: ignore[attr-defined]
         outputs = generate_fn(prompts_per_agent, G)
         for i, out in enumerate(outputs):

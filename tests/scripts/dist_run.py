@@ -40,6 +40,10 @@ def main():
         run_rss(out, reference_kl="kl" in opts, max_steps=steps)
         _finish()
         return
+    if mode == "uneven":  # ranks with uneven work under ZeRO-3 / FSDP2 (tests/test_distributed_uneven.py)
+        run_uneven(out)
+        _finish()
+        return
     if mode.startswith("only="):  # a comma-separated list of trainers
         trainers, mode = tuple(mode[len("only=") :].split(",")), ""
     else:
@@ -434,6 +438,194 @@ def run(which, out, hetero):
         }
         with open(os.path.join(out, "run_info.json"), "w") as f:
             json.dump(info, f)
+
+
+def _plain_loading(trainer):
+    """Load models in full on this rank (outside `deepspeed.zero.Init` under ZeRO-3 with `zero3_init_flag`)."""
+    import contextlib
+
+    from trl_marl.zero3 import zero3_init_enabled
+
+    @contextlib.contextmanager
+    def block():
+        if not zero3_init_enabled():
+            yield
+            return
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
+        try:
+            yield
+        finally:
+            trainer.accelerator.state.deepspeed_plugin.set_deepspeed_weakref()
+
+    return block()
+
+
+def run_uneven(out):
+    """Ranks with uneven work (tests/test_distributed_uneven.py): under ZeRO-3 / FSDP2 generation and the forwards
+    of the joint reward model and the critics are collectives, so the old code hung here. Each rank writes
+    OUT/rank{r}.json (and .pt) with what it computed and what one process alone computes from the same weights.
+
+    1. `generate` with prompts on rank 0 and none on rank 1 (greedy), vs a full local copy of the agents.
+    2. (FSDP2) `trl_marl.fsdp.full_state_dict` of agent 1: on every rank / on rank 0 only.
+    3. A sharded joint reward model scores 3 texts in 3 batches on rank 0, 1 text on rank 1, vs a full local copy.
+    4. One MAAC step (separate critic), 2 turns: every branch of rank 0 terminates after turn 1 (its reward is
+       above `early_termination_threshold`), rank 1's run both turns.
+    5. Evaluation on 3 items, one per batch: 2 batches on rank 0, 1 on rank 1.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from trl_marl import MAACConfig, MAACTrainer
+    from trl_marl.fsdp import full_state_dict, is_fsdp2
+    from trl_marl.testing import tiny_model_path
+    from trl_marl.trainers.preference.reward_model import JointRewardModel
+
+    rank = int(os.environ.get("RANK", "0"))  # the launcher's (the rank reward functions below depend on it)
+    tiny = tiny_model_path()
+    words = ["rain", "snow", "wind", "fire"]
+    items = [{"prompt": f"Item {i}: say something about {w}."} for i, w in enumerate(words)]
+    args = MAACConfig(
+        output_dir=out,
+        num_generations=1,
+        num_turns=2,
+        early_termination_threshold=0.0,
+        rollout_buffer_size=2,
+        max_steps=1,
+        max_completion_length=4,
+        per_device_eval_batch_size=1,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+
+    def rank_reward(c1, c2):  # rank 0's branches end after the first turn, rank 1's do not
+        return [1.0 if rank == 0 else -1.0] * len(c1)
+
+    trainer = MAACTrainer(
+        agent_model=tiny,
+        critic_model=tiny,
+        reward_func=rank_reward,
+        external_transition=lambda agent_completions: [f"Go on: {c}" for c in agent_completions],
+        args=args,
+        train_dataset=items,
+    )
+    assert trainer.accelerator.process_index == rank
+    result = {"rank": rank, "distributed_type": str(trainer.accelerator.distributed_type)}
+    tensors = {}
+
+    # 1. generation (2 samples per prompt, from the same seed): rank 1 has no prompts
+    prompts = [[f"Tell me about {w}." for w in words[:2]], [f"Answer about {w}." for w in words[2:]]]
+    torch.manual_seed(1)
+    outs = trainer.generate(prompts if rank == 0 else [[], []], 2)
+    result["generated"] = [[c.tolist() for c in o.completion_ids] for o in outs]
+    with _plain_loading(trainer):
+        local = AutoModelForCausalLM.from_pretrained(tiny)
+    torch.manual_seed(1)  # a plain model: no collective
+    alone = trainer.generate_with([local, local], trainer.tokenizers, prompts, 2, trainer.eos_ids)
+    result["generated_alone"] = [[c.tolist() for c in o.completion_ids] for o in alone]
+
+    # 2. FSDP2 full state dicts (collectives)
+    if is_fsdp2(trainer.accelerator):
+        agent = trainer.team.agents[0]
+        tensors["every_rank"] = full_state_dict(agent)
+        tensors["rank0_only"] = full_state_dict(agent, rank0_only=True)
+        tensors["initial"] = {k: v.detach().clone() for k, v in local.state_dict().items()}
+
+    # 3. the joint reward model, sharded for scoring: 3 batches of 1 on rank 0, 1 batch on rank 1
+    rm = JointRewardModel.from_pretrained(tiny, seed=0, max_length=64).prepare_for_scoring(trainer.accelerator)
+    result["rm_collective"] = rm.collective
+    texts = [[f"topic {k}", "x"] for k in range(3 if rank == 0 else 1)]
+    answers = [[f"answer {k}", "yes"] for k in range(len(texts))]
+    result["scores"] = rm.score(texts, answers, batch_size=1)
+    weights = rm.full_state_dict() or rm.hf_model.state_dict()  # gathered (every rank) when sharded
+    with _plain_loading(trainer):
+        local_rm = AutoModelForSequenceClassification.from_config(rm.hf_model.config)
+    local_rm.load_state_dict(weights)
+    result["scores_alone"] = JointRewardModel(local_rm, rm.tokenizer, 64).score(texts, answers, batch_size=1)
+
+    # 4. one step; rank 0's branches all end after turn 1
+    calls = []
+    generate = trainer.generate
+
+    def counted(prompts_per_agent, num_generations, greedy=False):
+        calls.append([len(p) for p in prompts_per_agent])
+        return generate(prompts_per_agent, num_generations, greedy)
+
+    trainer.generate = counted
+    trainer.train()
+    result["global_step"] = trainer.state.global_step
+    result["train_generate_calls"] = list(calls)
+
+    # 5. evaluation: 2 batches on rank 0, 1 on rank 1 (and an empty one)
+    calls.clear()
+    run = trainer.rollout_engine.run
+    first_turn = []
+
+    def recorded(batch, *a, **k):
+        rollout = run(batch, *a, **k)
+        first_turn.extend(float(node.rewards.mean()) for node in rollout.nodes if node.turn == 0)
+        return rollout
+
+    trainer.rollout_engine.run = recorded
+    metrics = trainer.evaluate_reward(items[:3])
+    result["eval_generate_calls"] = list(calls)
+    result["eval_first_turn_rewards"] = first_turn
+    result["eval_turn_1_reward_mean"] = metrics["eval_turn_1/reward_mean"]
+    result.update(uneven_lora_madpo(out, items[:3], rank))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    torch.save(tensors, os.path.join(out, f"rank{rank}.pt"))
+
+
+def uneven_lora_madpo(out, items, rank):
+    """`run_uneven` on a LoRA team (one shared base, one mixed-adapter `generate`) under MADPO:
+    6. `generate` with prompts on rank 0 only, then on both ranks, from the same seed;
+    7. pair collection on 3 items, one per batch: 2 batches on rank 0, 1 on rank 1."""
+    from peft import LoraConfig
+
+    from trl_marl import MADPOConfig, MADPOTrainer
+    from trl_marl.testing import tiny_model_path
+
+    args = MADPOConfig(
+        output_dir=os.path.join(out, "madpo"),
+        share_base_model=True,
+        preference_num_candidates=2,
+        rollout_buffer_size=1,
+        max_completion_length=4,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = MADPOTrainer(
+        agent_model=tiny_model_path(), reward_func=reward, args=args, train_dataset=items, peft_config=lora
+    )
+    prompts = [["Tell me about rain.", "Tell me about snow."], ["Answer about wind."]]
+    torch.manual_seed(1)
+    alone_share = trainer.generate(prompts if rank == 0 else [[], []], 2)
+    torch.manual_seed(1)
+    both = trainer.generate(prompts, 2)
+    collected = []
+    run = trainer.rollout_engine.run
+
+    def recorded(batch, *a, **k):
+        collected.append([item["prompt"] for item in batch])
+        return run(batch, *a, **k)
+
+    trainer.rollout_engine.run = recorded
+    pairs = trainer.collect_preference_pairs()
+    return {
+        "lora_generated": [[c.tolist() for c in o.completion_ids] for o in alone_share],
+        "lora_generated_both": [[c.tolist() for c in o.completion_ids] for o in both],
+        "madpo_collect_batches": collected,
+        "madpo_num_pairs": len(pairs),
+    }
 
 
 if __name__ == "__main__":

@@ -392,6 +392,8 @@ class VLLMTeamGeneration:
     def _prompt_ids(self, i: int, prompts) -> list[list[int]]:
         """Agent i's prompts as `generate` tokenizes them (no special tokens after a chat template), left-cut to
         `max_prompt_length`."""
+        if not prompts:
+            return []
         tok = self.trainer.tokenizers[i]
         chat = bool(prompts) and getattr(prompts[0], "chat", False)
         rows = tok(list(prompts), add_special_tokens=not chat)["input_ids"]
@@ -421,8 +423,12 @@ class VLLMTeamGeneration:
                 requests += [self._lora_requests[i]] * len(ids)
                 owners += [i] * len(ids)
             params = self._sampling_params(G, trainer.eos_ids[0], greedy, want_logprobs)
-            results = self.engines[0].generate(
-                [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False, lora_request=requests
+            results = (  # no rows: a process in step with the others (trl_marl.collective)
+                self.engines[0].generate(
+                    [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False, lora_request=requests
+                )
+                if rows
+                else []
             )
             per_agent: list[list] = [[] for _ in prompt_ids]
             for res, i in zip(results, owners):
@@ -433,6 +439,8 @@ class VLLMTeamGeneration:
                 params = self._sampling_params(G, trainer.eos_ids[i], greedy, want_logprobs)
                 per_agent.append(
                     self.engines[i].generate([{"prompt_token_ids": r} for r in ids], params, use_tqdm=False)
+                    if ids  # no prompts: a process in step with the others (trl_marl.collective)
+                    else []
                 )
         self.generate_seconds += time.perf_counter() - t0
         outputs = [self._to_output(i, prompt_ids[i], per_agent[i]) for i in range(len(prompt_ids))]
@@ -486,6 +494,10 @@ class VLLMTeamGeneration:
         means, maxes = [], []
         for i, out in enumerate(outputs):
             if not out.completion_ids or all(c.numel() == 0 for c in out.completion_ids):
+                if trainer.collective_generation:  # the forward is a collective (ZeRO-3 / FSDP2): take part in it
+                    pad = torch.tensor([trainer.tokenizers[i].pad_token_id])
+                    placeholder = collate_agent_batch([pad], [pad], trainer.tokenizers[i].pad_token_id)
+                    agent_token_logprobs(trainer.team.agents[i], placeholder, trainer.args.temperature)
                 continue
             batch = collate_agent_batch(out.prompt_ids, out.completion_ids, trainer.tokenizers[i].pad_token_id)
             ours = agent_token_logprobs(trainer.team.agents[i], batch, trainer.args.temperature).float().cpu()

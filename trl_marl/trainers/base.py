@@ -44,6 +44,7 @@ from ..checkpoint import (
     resolve_resume_checkpoint,
     save_checkpoint_atomically,
 )
+from ..collective import even_chunks, is_sharded
 from ..config_secrets import redacted_args
 from ..fsdp import enable_fsdp_on_cpu, gathered_for_generation, is_fsdp2, shard_module, shard_team
 from ..hub import (
@@ -337,6 +338,8 @@ class MultiAgentTrainer(_BaseTrainer):
             external_transition=external_transition,
             external_prompt_passthrough=args.external_prompt_passthrough,
             early_termination_threshold=args.early_termination_threshold,
+            # ZeRO-3 / FSDP2: generation gathers each agent (a collective): every process runs every turn
+            synced=self.collective_generation,
         )
         # Training rollouts may score with another reward than evaluation (MARLHF: a learned reward model); the
         # task reward of `rollout_engine` is what evaluation always uses.
@@ -564,10 +567,18 @@ class MultiAgentTrainer(_BaseTrainer):
                     ids = ids[-self.args.max_prompt_length :]
                 rows += [torch.tensor(ids, dtype=torch.long)] * G
                 owners += [i] * G
+        per_agent = [GenerationOutput([], [], []) for _ in prompts_per_agent]
+        pm = team.shared
+        # a sharded base's generate is a collective (see generate_with): with no rows, a placeholder row, greedy
+        synced = self.collective_generation and is_sharded(pm)
+        if not rows and not synced:
+            return per_agent
         pad_id = self.tokenizers[0].pad_token_id
+        placeholder = not rows
+        if placeholder:
+            rows, owners = [torch.tensor([pad_id], dtype=torch.long)], [0]
         input_ids = pad(rows, pad_id, padding_side="left")
         mask = pad([torch.ones_like(r) for r in rows], 0, padding_side="left")
-        pm = team.shared
         was_training = pm.training
         pm.eval()
         gathered = self._gathered_for_generation(pm)
@@ -578,14 +589,16 @@ class MultiAgentTrainer(_BaseTrainer):
                     input_ids.to(self.agent_device(0)),
                     mask.to(self.agent_device(0)),
                     [team.agents[i].adapter for i in owners],
-                    self._generation_config(0, 1, greedy=greedy),
+                    self._generation_config(0, 1, greedy=greedy or placeholder),
+                    synced_gpus=synced,
                 )
         finally:
             pm.train(was_training)
+        if placeholder:
+            return per_agent
         completions = out[:, input_ids.shape[1] :].cpu()
         cmask = completion_mask(completions, self.eos_ids[0])
         lengths = cmask.sum(dim=1).tolist()
-        per_agent = [GenerationOutput([], [], []) for _ in prompts_per_agent]
         comp_ids = [completions[r, : lengths[r]] for r in range(len(rows))]
         texts = self.tokenizers[0].batch_decode([c.tolist() for c in comp_ids], skip_special_tokens=True)
         for r, i in enumerate(owners):
@@ -614,12 +627,22 @@ class MultiAgentTrainer(_BaseTrainer):
         encoded = [self._encode_prompts(tok, prompts) for tok, prompts in zip(tokenizers, prompts_per_agent)]
         configs = [self._generation_config(i, G, tokenizers[i], eos_ids[i], greedy) for i in range(len(models))]
 
+        # a sharded agent's generate is a collective (transformers' `synced_gpus`, as TRL generates under ZeRO-3 /
+        # FSDP): every process runs it until the longest is done; one without prompts decodes a placeholder
+        synced = [self.collective_generation and is_sharded(m) for m in models]
+
         def run(i: int) -> torch.Tensor:
             with self._gathered_for_generation(models[i]):  # this agent only, for the whole generate call
-                return _run(i)
+                if len(prompts_per_agent[i]):
+                    return _run(i, *encoded[i], configs[i])
+                if synced[i]:  # no prompts here (trl_marl.collective): greedy (no random draw), discarded
+                    ids = torch.full((1, 1), tokenizers[i].pad_token_id, dtype=torch.long)
+                    placeholder = self._generation_config(i, 1, tokenizers[i], eos_ids[i], greedy=True)
+                    _run(i, ids, torch.ones_like(ids), placeholder)
+                return torch.zeros(0, 0, dtype=torch.long)
 
-        def _run(i: int) -> torch.Tensor:
-            model, (ids, mask) = models[i], encoded[i]
+        def _run(i: int, ids: torch.Tensor, mask: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+            model = models[i]
             # eval mode: transformers' generation is ~25% faster on small models than in train mode, and sampling
             # must not depend on the train/eval state anyway (dropout is disabled)
             was_training = model.training
@@ -627,7 +650,10 @@ class MultiAgentTrainer(_BaseTrainer):
             try:
                 device = next(model.parameters()).device
                 out = model.generate(
-                    input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=configs[i]
+                    input_ids=ids.to(device),
+                    attention_mask=mask.to(device),
+                    generation_config=config,
+                    synced_gpus=synced[i],
                 )
                 return out[:, ids.shape[1] :].cpu()
             finally:
@@ -645,6 +671,13 @@ class MultiAgentTrainer(_BaseTrainer):
     def _zero3(self) -> bool:
         return self.is_deepspeed_enabled and is_zero3(self.accelerator)
 
+    @property
+    def collective_generation(self) -> bool:
+        """Whether generating (and scoring with a sharded model) is a collective: ZeRO-3 or FSDP2 with more than one
+        process. Then every process must make the same calls in the same order; the trainer keeps them in step
+        (`trl_marl.collective`): a process with less work makes the same calls with no rows."""
+        return self.accelerator.num_processes > 1 and (self._zero3() or is_fsdp2(self.accelerator))
+
     def _gathered_for_generation(self, model: torch.nn.Module):
         """The full parameters of `model` (one agent) for its `generate` call under FSDP2 / ZeRO-3; else nothing."""
         if is_fsdp2(self.accelerator):
@@ -655,6 +688,8 @@ class MultiAgentTrainer(_BaseTrainer):
 
     def _encode_prompts(self, tok, prompts: list[PromptText]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids and mask (no special tokens after a chat template), cut to `max_prompt_length`."""
+        if not prompts:
+            return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long)
         chat = bool(prompts) and getattr(prompts[0], "chat", False)
         enc = tok(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=not chat)
         ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -665,6 +700,8 @@ class MultiAgentTrainer(_BaseTrainer):
     @staticmethod
     def _decode(tok, encoded, completions: torch.Tensor, eos_ids: list[int], G: int) -> GenerationOutput:
         """Completions cut after their first EOS, their text, and each row's prompt ids."""
+        if completions.shape[0] == 0:  # no prompts
+            return GenerationOutput([], [], [])
         ids, mask = encoded
         cmask = completion_mask(completions, eos_ids)
         lengths = cmask.sum(dim=1).tolist()
@@ -994,10 +1031,13 @@ class MultiAgentTrainer(_BaseTrainer):
         devices = [d for d in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.args.seed + 1_000_003 * (rank + 1))
-            starts = range(0, len(indices), bs)
-            for start in progress_bar(starts, "Evaluating", trainer_shows_progress(self)):
-                items = [ds[j] for j in indices[start : start + bs]]
+            # ZeRO-3 / FSDP2: as many batches on every process (the last ones empty where this share is shorter)
+            chunks = even_chunks(indices, bs, synced=self.collective_generation)
+            for chunk in progress_bar(chunks, "Evaluating", trainer_shows_progress(self)):
+                items = [ds[j] for j in chunk]
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=1, greedy_baseline=False)
+                if not items:  # an empty batch, run in step with the other processes: nothing to record
+                    continue
                 from ..rollout import assign_returns
 
                 assign_returns(rollout, 1.0, None, False)

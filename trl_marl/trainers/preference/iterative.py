@@ -539,6 +539,8 @@ class IterativeMixin:
 
     def _oracle_scores(self, completions_per_agent, task_prompts, items) -> tuple[torch.Tensor, torch.Tensor]:
         """(processed, raw) scores of joint responses; the task reward by default."""
+        if not task_prompts:
+            return torch.zeros(0), torch.zeros(0)
         return self.reward(completions_per_agent, task_prompts, items)
 
     @torch.no_grad()
@@ -569,7 +571,8 @@ class IterativeMixin:
             flat = [(b, c) for b in range(len(items)) for c in range(Kc) if joint[b][c] is not None]
             c_proc: list[list[float | None]] = [[None] * Kc for _ in items]
             c_raw: list[list[float | None]] = [[None] * Kc for _ in items]
-            if flat:
+            # a sharded reward-model oracle is a collective: called (with no rows) even where no candidate is left
+            if flat or self.collective_generation:
                 comps = [[joint[b][c][i] for b, c in flat] for i in range(n)]
                 proc, raw = self._oracle_scores(comps, [task_prompts[b] for b, _ in flat], [items[b] for b, _ in flat])
                 env_steps += len(flat)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from ...collective import even_chunks
 from ...zero3 import is_zero3
 from .pairs import joint_prompt_text, joint_response_text
 
@@ -64,6 +65,7 @@ class JointRewardModel(nn.Module):
             tokenizer.pad_token = tokenizer.eos_token
         model.config.pad_token_id = tokenizer.pad_token_id
         self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
+        self.collective = False  # set by `prepare_for_scoring`: scoring is a collective (sharded, several processes)
 
     @classmethod
     def from_pretrained(
@@ -116,8 +118,9 @@ class JointRewardModel(nn.Module):
         - FSDP2: `fully_shard` per decoder layer and the model (`trl_marl.fsdp.shard_module`).
         - Otherwise (DDP, ZeRO-1/2, one process): a full copy on `device` (default: the accelerator's device).
 
-        Under ZeRO-3 / FSDP2 scoring is a collective: every rank scores the same number of batches (as it
-        generates)."""
+        Under ZeRO-3 / FSDP2 with more than one process scoring is a collective: every process must call `score`
+        the same number of times (the trainers do, `trl_marl.collective`); `score` itself then runs as many forward
+        passes on every process (empty batches where a process has fewer texts)."""
         from ...fsdp import is_fsdp2, shard_module
 
         self.eval()
@@ -135,6 +138,7 @@ class JointRewardModel(nn.Module):
             shard_module(self.model, accelerator)
         else:
             self.model.to(device if device is not None else accelerator.device)
+        self.collective = accelerator.num_processes > 1 and (is_zero3(accelerator) or is_fsdp2(accelerator))
         return self
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -181,6 +185,12 @@ class JointRewardModel(nn.Module):
         mask = pad([torch.ones_like(r) for r in rows], 0, padding_side=side)
         return {"input_ids": ids, "attention_mask": mask}
 
+    def _placeholder_batch(self) -> dict[str, torch.Tensor]:
+        """A placeholder batch (one pad token; its score is discarded): a forward on it gathers and releases the
+        sharded parameters as a real batch does, so a process with nothing to score takes part in the others'."""
+        ids = torch.full((1, 1), self.tokenizer.pad_token_id, dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Scores `(B,)`. Position ids follow the mask, so left and right padding give the same score."""
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -200,9 +210,12 @@ class JointRewardModel(nn.Module):
         self.eval()
         texts = [joint_text(p, r) for p, r in zip(prompts, responses)]
         out: list[float] = []
-        for start in range(0, len(texts), batch_size):
-            enc = self.encode(texts[start : start + batch_size])
-            out.extend(self(**enc).float().cpu().tolist())
+        # sharded (`collective`): as many forwards as the process with the most batches, empty ones here
+        for chunk in even_chunks(texts, batch_size, synced=self.collective):
+            if chunk:
+                out.extend(self(**self.encode(chunk)).float().cpu().tolist())
+            else:
+                self(**self._placeholder_batch())
         self.train(was_training)
         return out
 

@@ -1,0 +1,122 @@
+"""trl_marl.collective in one process, with the all-reduce replaced by what another process would answer: a process
+with less work makes the same number of generate / reward-model calls as the busiest one, with placeholders whose
+results are discarded (the 2-process runs are in tests/test_distributed_uneven.py)."""
+
+import pytest
+import torch
+
+import trl_marl.collective as collective
+from trl_marl.collective import even_chunks
+from trl_marl.rewards import RewardFunction
+from trl_marl.rollout import GenerationOutput, JointRollout
+from trl_marl.team import PromptText
+
+
+def other_process_answers(monkeypatch, value: int):
+    """`max_over_processes` as if another process held `value`."""
+    monkeypatch.setattr(collective, "max_over_processes", lambda v: max(int(v), value))
+
+
+def test_even_chunks_pads_with_empty_chunks_up_to_the_busiest_process(monkeypatch):
+    assert even_chunks([1, 2, 3], 2, synced=False) == [[1, 2], [3]]
+    assert even_chunks([1, 2, 3], 2) == [[1, 2], [3]]  # one process: nothing to agree on
+    other_process_answers(monkeypatch, 4)
+    assert even_chunks([1, 2, 3], 2) == [[1, 2], [3], [], []]
+    assert even_chunks([], 2) == [[], [], [], []]
+    assert even_chunks([1, 2, 3], 2, synced=False) == [[1, 2], [3]]
+    with pytest.raises(ValueError, match="chunk size"):
+        even_chunks([1], 0)
+
+
+class Generate:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompts_per_agent, G, greedy=False):
+        self.calls.append([len(p) for p in prompts_per_agent])
+        return [
+            GenerationOutput(
+                [f"{i}|{p}" for p in ps for _ in range(G)],
+                [torch.tensor([7])] * len(ps) * G,
+                [torch.tensor([i])] * len(ps) * G,
+            )
+            for i, ps in enumerate(prompts_per_agent)
+        ]
+
+
+def make_rollout(synced: bool) -> tuple[JointRollout, list]:
+    reward_calls = []
+
+    def reward(c1, c2):
+        reward_calls.append(len(c1))
+        return [1.0] * len(c1)  # above the threshold: every branch ends after the first turn
+
+    ro = JointRollout(
+        num_agents=2,
+        formatters=[lambda item: item["prompt"]] * 2,
+        render=lambda i, x: PromptText(x),
+        reward=RewardFunction(reward, 2),
+        num_generations=1,
+        num_turns=3,
+        external_transition=lambda agent_completions: list(agent_completions),
+        early_termination_threshold=0.0,
+        synced=synced,
+    )
+    return ro, reward_calls
+
+
+def test_a_synced_rollout_whose_branches_ended_runs_the_turns_another_process_still_runs(monkeypatch):
+    items = [{"prompt": "a"}, {"prompt": "b"}]
+    alone, alone_rewards = make_rollout(synced=False)
+    gen_alone = Generate()
+    expected = alone.run(items, gen_alone)
+    assert gen_alone.calls == [[2, 2]]  # every branch ended after turn 1
+
+    other_process_answers(monkeypatch, 1)  # another process still has branches in every turn
+    synced, synced_rewards = make_rollout(synced=True)
+    gen = Generate()
+    got = synced.run(items, gen)
+    assert gen.calls == [[2, 2], [0, 0], [0, 0]]  # turns 2 and 3 with no prompts (gathers only)
+    assert synced_rewards == alone_rewards == [2]  # the (task) reward is not called with nothing to score
+    # the same tree as one process alone
+    assert [(n.item, n.turn, n.rewards.tolist()) for n in got.nodes] == [
+        (n.item, n.turn, n.rewards.tolist()) for n in expected.nodes
+    ]
+    assert [s.completion for s in got.samples] == [s.completion for s in expected.samples]
+
+
+def test_a_synced_process_without_items_takes_part_in_every_turn(monkeypatch):
+    other_process_answers(monkeypatch, 1)
+    ro, rewards = make_rollout(synced=True)
+    gen = Generate()
+    out = ro.run([], gen)
+    assert gen.calls == [[0, 0]] * 3 and rewards == [] and out.nodes == []
+
+
+def test_sharded_reward_model_scores_with_placeholder_forwards_up_to_the_busiest_process(monkeypatch, tiny_path):
+    from trl_marl.trainers.preference.reward_model import JointRewardModel
+
+    rm = JointRewardModel.from_pretrained(tiny_path, seed=0, max_length=32)
+    texts, answers = [["topic", "x"]], [["answer", "yes"]]
+    expected = rm.score(texts, answers, batch_size=1)
+    forwards = []
+    rm.model.register_forward_hook(lambda module, args, out: forwards.append(1))
+    rm.collective = True  # as prepare_for_scoring sets it under ZeRO-3 / FSDP2 with several processes
+    other_process_answers(monkeypatch, 3)  # another process scores 3 batches
+    assert rm.score(texts, answers, batch_size=1) == expected
+    assert len(forwards) == 3  # one real batch, two placeholders (discarded)
+    assert rm.score([], [], batch_size=1) == [] and len(forwards) == 6
+
+
+def test_generate_with_no_prompts_returns_empty_outputs(make_args, tiny_path):
+    from trl_marl import MAGRPOConfig, MAGRPOTrainer
+
+    t = MAGRPOTrainer(
+        agent_model=tiny_path,
+        reward_func=lambda a, b: [0.0] * len(a),
+        args=make_args(MAGRPOConfig),
+        train_dataset=[{"prompt": "p"}] * 4,
+    )
+    assert not t.collective_generation
+    outs = t.generate([["hello"], []], 2)
+    assert len(outs[0].texts) == 2 and outs[1].texts == [] and outs[1].completion_ids == []
