@@ -63,9 +63,11 @@ def check_uneven(ranks: list[dict]) -> None:
     # when both ranks generate
     assert r1["lora_generated"] == [[], []]
     assert r0["lora_generated"] == r0["lora_generated_both"] and [len(g) for g in r0["lora_generated"]] == [4, 2]
-    # 7. MADPO pair collection, one item per batch: rank 0 items 0 and 2, rank 1 item 1 and an empty batch
-    assert [len(b) for b in r0["madpo_collect_batches"]] == [1, 1]
-    assert [len(b) for b in r1["madpo_collect_batches"]] == [1, 0]
+    # 7. MADPO pair collection, one item per batch: rank 0 items 0 and 2, rank 1 item 1 and then a filler item
+    # (rolled out to join rank 0's collectives, its pairs discarded: trainers/preference/data_parallel.py)
+    prompts = [f"Item {i}: say something about {w}." for i, w in enumerate(["rain", "snow", "wind"])]
+    assert r0["madpo_collect_batches"] == [[prompts[0]], [prompts[2]]]
+    assert r1["madpo_collect_batches"] == [[prompts[1]], [prompts[2]]]  # the filler: the last chunk's first item
     assert r0["madpo_num_pairs"] == r1["madpo_num_pairs"]  # every rank's pairs gathered on every rank
 
 

@@ -585,7 +585,7 @@ def run_uneven(out):
 def uneven_lora_madpo(out, items, rank):
     """`run_uneven` on a LoRA team (one shared base, one mixed-adapter `generate`) under MADPO:
     6. `generate` with prompts on rank 0 only, then on both ranks, from the same seed;
-    7. pair collection on 3 items, one per batch: 2 batches on rank 0, 1 on rank 1."""
+    7. pair collection on 3 items, one per batch: 2 batches on rank 0; on rank 1 one, then a filler item."""
     from peft import LoraConfig
 
     from trl_marl import MADPOConfig, MADPOTrainer
