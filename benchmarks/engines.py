@@ -1,6 +1,7 @@
 """Step time and per-rank peak RSS of the distributed engines on the same run, against 2-process DDP.
 
     python benchmarks/engines.py [--configs multi_cpu zero2_cpu zero3_cpu_flag_off zero3_cpu fsdp2_cpu] [--rounds 2]
+                                 [--num_processes 4] [--mode rss=kl,steps=2]
 
 Each config launches `tests/scripts/dist_run.py OUT rss` (a model-shaped team: 2 agents, hidden 512, 8 layers;
 MAGRPO, 3 steps) through `accelerate launch`; every rank writes its RSS before the trainer, its peak RSS, its RSS at
@@ -8,7 +9,7 @@ the end of each phase (built, prepared, rollout, step), its step times and the t
 seconds. `zero3_cpu_flag_off` is zero3_cpu.yaml with `zero3_init_flag: false`. With `--rounds N` the configs run
 interleaved N times (round-robin, so that a load change on a shared machine hits every engine alike); each row is
 the mean step time and the largest per-rank peak over the rounds, with ratios against the first config (DDP).
-Writes benchmarks/results/engines.json.
+Writes benchmarks/results/engines.json (`engines_{N}p_{mode}.json` with other `--num_processes` / `--mode`).
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ def config_file(config: str, tmp: Path) -> Path:
     return ROOT / "accelerate_configs" / f"{config}.yaml"
 
 
-def run(config: str, out: Path, tmp: Path) -> list[dict]:
+def run(config: str, out: Path, tmp: Path, num_processes: int = 2, mode: str = "rss") -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file(config, tmp))]
-    cmd += [str(ROOT / "tests/scripts/dist_run.py"), str(out), "rss"]
+    cmd += ["--num_processes", str(num_processes), str(ROOT / "tests/scripts/dist_run.py"), str(out), mode]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{config} failed:\n{proc.stderr[-4000:]}")
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=CONFIGS)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--num_processes", type=int, default=2)
+    p.add_argument("--mode", default="rss", help="dist_run.py's mode: `rss`, or `rss=kl,steps=2` (reference KL)")
     a = p.parse_args(argv)
     runs: dict[str, list[list[dict]]] = {c: [] for c in a.configs}
     loads = []
@@ -59,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(a.rounds):
             for config in a.configs:
                 loads.append(load_average())
-                runs[config].append(run(config, Path(tmp) / f"{config}_{r}", Path(tmp)))
+                out = Path(tmp) / f"{config}_{r}"
+                runs[config].append(run(config, out, Path(tmp), a.num_processes, a.mode))
     rows = {}
     for config, rounds in runs.items():
         ranks = [rank for ranks in rounds for rank in ranks]
@@ -80,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             f" ({r['memory_vs_first']:.2f}x)  built {r['built_peak_growth_mb']} MB"
         )
     print(f"load average (1 min) before each launch: {[round(x, 1) for x in loads]}")
-    out = ROOT / "benchmarks" / "results" / "engines.json"
-    out.write_text(json.dumps({"rows": rows, "load_average": loads, "rounds": a.rounds}, indent=2))
+    name = "engines.json" if (a.num_processes, a.mode) == (2, "rss") else f"engines_{a.num_processes}p_{a.mode}.json"
+    result = {"rows": rows, "load_average": loads, "rounds": a.rounds, "num_processes": a.num_processes}
+    (ROOT / "benchmarks" / "results" / name).write_text(json.dumps({**result, "mode": a.mode}, indent=2))
     return 0
 
 
