@@ -45,15 +45,19 @@ def row(base: str, agents: int, lora: bool) -> str:
     est = {e: estimate(args, model, e, WORLD_SIZE, peft_config=peft) for e in ENGINES}
     resident = " | ".join(f"{est[e].resident / GIB:.1f}" for e in ENGINES)
     gather = est["zero3"].training_gather / GIB
+    off = estimate(args, model, "zero3", WORLD_SIZE, peft_config=peft, zero3_init_flag=False).loading / GIB
+    loading = f"{off:.1f} / {est['zero3'].loading / GIB:.1f}"
     team = "LoRA r=16, one base" if lora else "full"
-    return f"| {base} | {agents} | {team} | {resident} | {est['ddp'].activations / GIB:.1f} | {gather:.2f} |"
+    act = est["ddp"].activations / GIB
+    return f"| {base} | {agents} | {team} | {resident} | {act:.1f} | {gather:.2f} | {loading} |"
 
 
 def main() -> None:
     print(
-        "| base | agents | team | DDP | ZeRO-2 | ZeRO-3 | FSDP2 | + step transient | + ZeRO-3 / FSDP2 layer window |"
+        "| base | agents | team | DDP | ZeRO-2 | ZeRO-3 | FSDP2 | + step transient | + ZeRO-3 / FSDP2 layer window"
+        " | loading, ZeRO-3 flag off / on |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for base in QWEN25:
         for agents in (2, 4):
             for lora in (False, True):

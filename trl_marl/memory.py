@@ -16,6 +16,7 @@
 | KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows | none |
 | activations | every agent's forward graph of one training step, kept until the one backward (logits included) | none |
 | training gather | ZeRO-3 / FSDP2 in the training step: two decoder layers of full weights (the one computing and the one prefetched; trl_marl sets ZeRO-3's live-parameter window to one layer, `trl_marl.zero3.fill_bucket_sizes`) | (is the gather) |
+| loading | host memory while the trainer is built (before the first step): what each rank holds of the agents, references and critics as they are loaded; see below | ZeRO-3 with `zero3_init_flag` |
 | optimizer step | AdamW's step: a temporary the size of what it updates at once, in fp32 (`sqrt` of the second moment): a parameter group with torch's foreach kernels (GPUs), one tensor on the CPU, where DeepSpeed's flat partition of a group IS one tensor; trl_marl has one group per agent, so one agent's trainable parameters x 4 bytes (an upper bound for DDP / FSDP2 on the CPU) | ZeRO-2, ZeRO-3, FSDP2 |
 
 The peak is `weights + gradients + comm buffers + master weights + optimizer + references + critics + reward model +
@@ -23,6 +24,18 @@ max(generation, training, optimizer step)`, with generation = gather + KV cache 
 gather. Parameter counts are exact (the model is built on the meta device from its config); activation and KV sizes
 are standard first-order formulas. Validated on CPU against measured peak RSS, one process and every engine with 2
 processes (tests/test_memory.py, docs/scaling.md).
+
+Loading (`MemoryEstimate.loading`, not part of `peak`, which is the training run's): every rank loads the full agents
+(and full critics), except under ZeRO-3 with `zero3_init_flag` (the default of the shipped configs), where they are
+built inside `deepspeed.zero.Init` and each rank holds its partition only. References are deep copies of the
+agents: whole on every rank under DDP / ZeRO-2; under FSDP2 and ZeRO-3 without the flag each copy is sharded as soon
+as it is made (one full copy in flight beside the shards made before); with the flag they are built partitioned
+(`trl_marl.zero3.zero3_frozen_copy`). On GPUs this is host RAM (the models load on the CPU before they move), and
+all ranks of a node load at once: a node needs about `ranks_per_node x loading`. On CPU-only runs it is part of the
+RSS peak, and the flag lowers the run's peak only where `loading` exceeds the training `peak`: the sharded
+training state is (4 weights + 4 master + 4 gradients + 8 AdamW) / W bytes per trainable fp32 parameter, against
+the 4 bytes a flag-off rank loads, so from about W = 5 ranks on (W = 4 with references), plus what the
+transients add.
 
 Master weights, from DeepSpeed 0.19's code: ZeRO-2 (`stage_1_and_2.py`) always clones the rank's partition into
 `single_partition_of_fp32_groups`; ZeRO-3 (`stage3.py::_create_fp32_partitions`) means to reuse an fp32 partition
@@ -78,6 +91,7 @@ class MemoryEstimate:
     activations: int
     training_gather: int
     optimizer_step: int
+    loading: int = 0
 
     @property
     def resident(self) -> int:
@@ -112,6 +126,7 @@ class MemoryEstimate:
             "training_gather",
             "optimizer_step",
             "peak",
+            "loading",
         ]
         lines = [f"engine={self.engine} world_size={self.world_size} (GiB per rank)"]
         lines += [f"  {r:<18} {getattr(self, r) / GIB:10.3f}" for r in rows]
@@ -236,6 +251,7 @@ def estimate(
     reward_model_config=None,
     weight_bytes: int | None = None,
     prompt_length: int | None = None,
+    zero3_init_flag: bool = True,
 ) -> MemoryEstimate:
     """Predict per-rank memory of training a team with `config` (a trl_marl trainer config) on `model_config_or_id`
     (a transformers config, a config dict with `model_type`, or a model id / path) under `engine` (`"ddp"`,
@@ -244,7 +260,8 @@ def estimate(
     `peft_config` makes the agents LoRA agents (with `config.share_base_model`: n adapters on ONE base).
     `critic_model_config` / `reward_model_config`: the critics' / reward model's backbone (default: the agents').
     `weight_bytes`: bytes per weight as loaded (default: 2 with `config.bf16`, else 4). `prompt_length`: the prompt
-    tokens to plan for (default: `config.max_prompt_length`, else 512).
+    tokens to plan for (default: `config.max_prompt_length`, else 512). `zero3_init_flag`: the accelerate config's
+    flag (ZeRO-3 only; it changes `loading`, see the module docstring).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
@@ -305,6 +322,20 @@ def estimate(
     act = n * _activation_bytes(cfg, train_rows, seq, int(config.max_new_tokens), wb, checkpointing)
     training_gather = 2 * layer_parameters(cfg) * wb if engine in ("zero3", "fsdp2") else 0
 
+    # loading: full models on every rank, except ZeRO-3 with zero3_init_flag (built partitioned)
+    built_sharded = engine == "zero3" and zero3_init_flag
+    loading = math.ceil(weights_all / world_size) if built_sharded else weights_all
+    if references:
+        if built_sharded:
+            loading += references
+        elif engine in ("zero3", "fsdp2"):  # one full copy in flight beside the shards made before it
+            loading += P * wb + math.ceil((n - 1) * P * wb / world_size)
+        else:
+            loading += references
+    if critics:
+        whole_critics = k * Pc * wb
+        loading += math.ceil(whole_critics / world_size) if built_sharded else whole_critics
+
     # the optimizer step: AdamW's temporary for what it updates at once (at most one agent's group, in fp32)
     optimizer_step = math.ceil((lora if peft_config is not None else P) * 4 / shard_go)
 
@@ -326,6 +357,7 @@ def estimate(
         activations=act,
         training_gather=training_gather,
         optimizer_step=optimizer_step,
+        loading=loading,
     )
 
 
@@ -347,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num_generations", type=int, default=4)
     p.add_argument("--max_prompt_length", type=int, default=512)
     p.add_argument("--max_new_tokens", type=int, default=256)
+    p.add_argument(
+        "--no_zero3_init_flag", action="store_true", help="ZeRO-3 with zero3_init_flag: false (every rank loads all)"
+    )
     a = p.parse_args(argv)
     cfg = MAGRPOConfig(
         output_dir="estimate",
@@ -367,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
 
         peft = LoraConfig(r=a.lora_r, target_modules="all-linear")
     for engine in ENGINES if a.engine == "all" else (a.engine,):
-        print(estimate(cfg, a.model, engine, a.world_size, peft_config=peft).summary())
+        est = estimate(cfg, a.model, engine, a.world_size, peft_config=peft, zero3_init_flag=not a.no_zero3_init_flag)
+        print(est.summary())
     return 0
 
 

@@ -202,7 +202,9 @@ def run_rss(out, reference_kl=False, max_steps=3):
     else:
         engine = "fsdp2" if trainer.is_fsdp_enabled else "ddp"
     prompt_length = max(len(trainer.tokenize_prompt(0, item["prompt"])) for item in items)
-    est = estimate(args, path, engine, trainer.accelerator.num_processes, prompt_length=prompt_length)
+    flag = engine == "zero3" and trainer.accelerator.state.deepspeed_plugin.zero3_init_flag
+    world = trainer.accelerator.num_processes
+    est = estimate(args, path, engine, world, prompt_length=prompt_length, zero3_init_flag=flag)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rss_rank{rank}.json"), "w") as f:
         json.dump(
