@@ -276,3 +276,41 @@ def test_madpo_reference_precompute_is_split_over_processes(make_args, tiny_path
 
     # float batching only (the ranks pad their batches differently than one process); measured 0.0 on CPU
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_madpoiter_round_precomputes_its_pairs_split_over_processes(tmp_path, tiny_path, monkeypatch):
+    """`precompute_ref_log_probs` with a `ref_model`: a round's training pairs get their reference log-probs when
+    the round starts, each of 2 processes scoring its half; every batch of the round then holds them."""
+    args = iterative_args(
+        tmp_path,
+        MADPOIterConfig,
+        max_completion_length=6,
+        rollout_buffer_size=2,
+        preference_num_candidates=3,
+        preference_pairs_per_sample=2,
+        precompute_ref_log_probs=True,
+        train_batch_size=2,
+    )
+    t = MADPOIterTrainer(
+        agent_model=tiny_path,
+        reward_func=length_reward,
+        args=args,
+        train_dataset=ITEMS,
+        comparator=PromptComparator(),
+        ref_model=tiny_path,
+    )
+    rows: list[int] = []
+    forward = t._reference_forward
+    t._reference_forward = lambda batch: rows.append(len(batch)) or forward(batch)
+    batches = t._start_round(1)
+    assert batches and all(p.ref_chosen_logps is not None for b in batches for p in b)
+    n = sum(rows)
+    assert n == len({id(p) for b in batches for p in b})  # every pair of the round, once, at its start
+    pairs = list({id(p): p for b in batches for p in b}.values())
+    for p in pairs:
+        p.ref_chosen_logps = p.ref_rejected_logps = None
+    rows.clear()
+    t.accelerator = RankView(t.accelerator, 1, 2)
+    monkeypatch.setattr(madpo_module, "gather_object", lambda obj: obj)  # this rank's share only
+    t._round_batches(1, pairs)
+    assert sum(rows) == n // 2  # rank 1 of 2: half of the round's pairs

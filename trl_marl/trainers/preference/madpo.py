@@ -139,7 +139,8 @@ class MADPOConfig(PreferenceConfig):
             `label_smoothing`).
         discopop_tau: tau of the `discopop` loss.
         precompute_ref_log_probs: compute every pair's reference log-probs once before training (with `ref_model`,
-            or, without one, with the INITIAL agents: the reference is then the starting policy at no memory cost).
+            or, without one, with the INITIAL agents: the reference is then the starting policy at no memory cost),
+            the pairs split over the processes and the values gathered to every process.
             Without it and without `ref_model` the loss is reference-free.
     """
 
