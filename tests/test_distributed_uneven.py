@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
 
 
-def launch_uneven(config: str, out: Path) -> list[dict]:
+def launch_uneven(config: str, out: Path, mode: str = "uneven") -> list[dict]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env["DIST_RUN_HANG_TIMEOUT"] = str(TIMEOUT_S - 60)  # a hung rank prints every thread's stack, then exits
     cmd = [
@@ -30,7 +30,7 @@ def launch_uneven(config: str, out: Path) -> list[dict]:
         str(ROOT / "accelerate_configs" / f"{config}.yaml"),
         str(ROOT / "tests" / "scripts" / "dist_run.py"),
         str(out),
-        "uneven",
+        mode,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S, cwd=ROOT)
     assert proc.returncode == 0, launch_failure(proc)
@@ -91,3 +91,17 @@ def test_fsdp2_ranks_with_uneven_work_stay_in_step(tmp_path):
     assert t0["rank0_only"].keys() == initial.keys() and t1["rank0_only"] == {}
     for k, v in initial.items():
         torch.testing.assert_close(t0["rank0_only"][k], v, msg=k)
+
+
+@pytest.mark.slow  # about 45 s here (2 processes, a pair collection first)
+def test_zero3_reference_precompute_is_split_and_every_rank_holds_every_value(tmp_path):
+    """MADPO `precompute_ref_log_probs` with a ZeRO-3 `ref_model`: 3 pairs, one per forward; rank 0 scores pairs 0
+    and 2, rank 1 pair 1 and a filler (the forward is a collective); after the gather both ranks hold every pair's
+    values, those of a full local copy of the reference."""
+    ranks = launch_uneven("zero3_cpu", tmp_path, "refprecompute")
+    assert all(r["distributed_type"] == "DistributedType.DEEPSPEED" for r in ranks)
+    assert [r["num_pairs"] for r in ranks] == [3, 3]
+    assert [r["forwards"] for r in ranks] == [[1, 1], [1, 1]]
+    assert ranks[0]["ref"] == ranks[1]["ref"]
+    for r in ranks:
+        torch.testing.assert_close(torch.tensor(r["ref"]), torch.tensor(r["ref_alone"]), rtol=1e-4, atol=1e-4)

@@ -3,10 +3,14 @@ its accelerator as rank r of 2, and `gather_object` replaced by the shares those
 build the pairs one process builds, in its order, and train on the batches one process trains on with N times the
 per-process batch. The real 2-process runs are `tests/test_distributed.py::test_fsdp2_and_zero3_init_equal_single_process`."""
 
+import copy
+import math
+
 import pytest
 import torch
 from conftest import iterative_args
 from datasets import Dataset
+from transformers import AutoModelForCausalLM
 
 import trl_marl.trainers.preference.iterative as iterative_module
 import trl_marl.trainers.preference.madpo as madpo_module
@@ -17,6 +21,7 @@ from trl_marl.trainers.preference.data_parallel import (
     collection_chunks,
     global_batch_slices,
     merge_item_shares,
+    reference_chunks,
 )
 
 ITEMS = Dataset.from_list([{"prompt": f"Say something about {w}."} for w in ["rain", "snow", "wind", "fire", "sea"]])
@@ -80,6 +85,25 @@ def test_collection_chunks_give_every_process_the_same_number_of_chunks():
     assert merge_item_shares([[(1, "b"), (3, "d")], [(0, "a"), (2, "c")]]) == ["a", "b", "c", "d"]
     with pytest.raises(RuntimeError, match="more than one process"):
         merge_item_shares([[(0, "a")], [(0, "a")]])
+
+
+def test_reference_chunks_split_the_missing_pairs_over_processes():
+    missing = [0, 2, 3, 5, 6]  # pairs 1 and 4 already hold reference log-probs
+    # one process: consecutive batches of 2 (what the unsharded precompute ran)
+    assert reference_chunks(missing, 2) == [([0, 2], False), ([3, 5], False), ([6], False)]
+    # 2 processes, 2 per process: chunks of 4 missing pairs; rank 1 has none in the last chunk
+    assert reference_chunks(missing, 2, 0, 2) == [([0, 3], False), ([6], False)]
+    assert reference_chunks(missing, 2, 1, 2) == [([2, 5], False)]  # DDP: no filler
+    assert reference_chunks(missing, 2, 1, 2, synced=True) == [([2, 5], False), ([6], True)]
+    missing = [0, 2, 3, 5, 6, 8, 9, 11]
+    for world, per in ((2, 2), (3, 1), (3, 2), (4, 3)):
+        shares = [reference_chunks(missing, per, r, world, synced=True) for r in range(world)]
+        assert len({len(s) for s in shares}) == 1  # the same number of forwards on every process
+        assert all(len(ks) <= per for s in shares for ks, _ in s)
+        assert sorted(k for s in shares for ks, filler in s if not filler for k in ks) == missing  # each once
+        unsynced = [reference_chunks(missing, per, r, world) for r in range(world)]
+        assert [[c for c in s if not c[1]] for s in shares] == unsynced
+    assert reference_chunks([], 2, 1, 2, synced=True) == []
 
 
 def test_global_batch_slices_cut_one_processs_batches():
@@ -201,3 +225,92 @@ def test_madpoiter_round_pairs_of_two_processes_equal_one_processs(tmp_path, tin
     double, calls = as_ranks(t, iterative_module, monkeypatch, lambda: t._collect_round(1))
     assert records(double) == records(single)
     assert calls == [2, 2]
+
+
+# ---------------------------------------------------------------- precompute_ref_log_probs
+@pytest.mark.parametrize("synced", [False, True])
+def test_madpo_reference_precompute_is_split_over_processes(make_args, tiny_path, monkeypatch, synced):
+    """Each of 2 processes runs the reference forward on its half of the pairs (batches of
+    `per_device_train_batch_size`); after the gather every process holds the values one process computes. `synced`
+    (ZeRO-3 / FSDP2): both ranks run the same number of forwards, rank 1 a filler in the last chunk."""
+    ref = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # a reference that differs from the agents
+    args = make_args(MADPOConfig, preference_num_candidates=3, precompute_ref_log_probs=True, train_batch_size=2)
+    t = MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=ITEMS, ref_model=ref)
+    pairs = t.collect_preference_pairs()[:14]  # 13 missing: the last chunk of 2 x 2 holds one (a filler on rank 1)
+    pairs[1].ref_chosen_logps, pairs[1].ref_rejected_logps = [0.5, 0.5], [0.25, 0.25]  # already there: kept
+    n = len(pairs)
+    assert n == 14
+    rows: list[list[int]] = [[]]  # per call of the precompute: the pairs in each reference forward
+    forward = t._reference_forward
+
+    def counted(batch):
+        rows[-1].append(len(batch))
+        return forward(batch)
+
+    def precompute():
+        rows.append([])
+        ps = copy.deepcopy(pairs)
+        t.precompute_reference_logps(ps)
+        return ps
+
+    t._reference_forward = counted
+    monkeypatch.setattr(type(t), "collective_generation", property(lambda self: synced))
+    single = precompute()
+    m = n - 1  # pairs missing their reference log-probs
+    assert sum(rows[-1]) == m and max(rows[-1]) <= 2
+    double, _ = as_ranks(t, madpo_module, monkeypatch, precompute)
+    rank0, rank1 = rows[-3], rows[-2]  # then rank 0 again, with every share gathered
+    last = m % 4 or 4  # missing pairs in the last global chunk of 2 x 2
+    filler = int(synced and last == 1)  # rank 1 scores the chunk's first pair and drops it
+    assert last == 1
+    assert max(rank0 + rank1) <= 2
+    assert (sum(rank0), sum(rank1)) == (math.ceil(m / 2), m // 2 + filler)  # about half each (one process: m)
+    if synced:
+        assert len(rank0) == len(rank1) == math.ceil(m / 4)
+    assert double[1].ref_chosen_logps == [0.5, 0.5]
+    got = torch.tensor([p.ref_chosen_logps + p.ref_rejected_logps for p in double])
+    want = torch.tensor([p.ref_chosen_logps + p.ref_rejected_logps for p in single])
+
+    # float batching only (the ranks pad their batches differently than one process); measured 0.0 on CPU
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_madpoiter_round_precomputes_its_pairs_split_over_processes(tmp_path, tiny_path, monkeypatch):
+    """`precompute_ref_log_probs` with a `ref_model`: a round's training pairs get their reference log-probs when
+    the round starts, each of 2 processes scoring its half; every batch of the round then holds them."""
+    args = iterative_args(
+        tmp_path,
+        MADPOIterConfig,
+        max_completion_length=6,
+        rollout_buffer_size=2,
+        preference_num_candidates=3,
+        preference_pairs_per_sample=2,
+        precompute_ref_log_probs=True,
+        train_batch_size=2,
+    )
+    t = MADPOIterTrainer(
+        agent_model=tiny_path,
+        reward_func=length_reward,
+        args=args,
+        train_dataset=ITEMS,
+        comparator=PromptComparator(),
+        ref_model=tiny_path,
+    )
+    rows: list[int] = []
+    forward = t._reference_forward
+    t._reference_forward = lambda batch: rows.append(len(batch)) or forward(batch)
+    batches = t._start_round(1)
+    assert batches and all(p.ref_chosen_logps is not None for b in batches for p in b)
+    n = sum(rows)
+    assert n == len({id(p) for b in batches for p in b})  # every pair of the round, once, at its start
+    pairs = list({id(p): p for b in batches for p in b}.values())
+    for p in pairs:
+        p.ref_chosen_logps = p.ref_rejected_logps = None
+    rows.clear()
+    t.accelerator = RankView(t.accelerator, 1, 2)
+    monkeypatch.setattr(madpo_module, "gather_object", lambda obj: obj)  # this rank's share only
+    t._round_batches(1, pairs)
+    assert sum(rows) == n // 2  # rank 1 of 2: half of the round's pairs

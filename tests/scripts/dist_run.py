@@ -44,6 +44,10 @@ def main():
         run_uneven(out)
         _finish()
         return
+    if mode == "refprecompute":  # MADPO's reference precompute split over the ranks (test_distributed_uneven.py)
+        run_ref_precompute(out)
+        _finish()
+        return
     if mode.startswith("only="):  # a comma-separated list of trainers
         trainers, mode = tuple(mode[len("only=") :].split(",")), ""
     else:
@@ -628,6 +632,73 @@ def uneven_lora_madpo(out, items, rank):
         "madpo_collect_batches": collected,
         "madpo_num_pairs": len(pairs),
     }
+
+
+def run_ref_precompute(out):
+    """MADPO `precompute_ref_log_probs` with a `ref_model` (sharded under ZeRO-3 / FSDP2: its forward is a
+    collective) on 3 pairs, one per forward: rank 0 scores pairs 0 and 2, rank 1 pair 1 and then a filler. Each rank
+    writes OUT/rank{r}.json: its forwards, every pair's gathered values, and those of a full local copy alone."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from trl_marl import MADPOConfig, MADPOTrainer
+    from trl_marl.testing import tiny_model_path
+
+    rank = int(os.environ.get("RANK", "0"))
+    tiny = tiny_model_path()
+    items = [{"prompt": f"Item {i}: say something about {w}."} for i, w in enumerate(["rain", "snow", "wind"])]
+    args = MADPOConfig(
+        output_dir=out,
+        preference_num_candidates=3,
+        rollout_buffer_size=2,
+        max_completion_length=4,
+        train_batch_size=1,
+        precompute_ref_log_probs=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = MADPOTrainer(agent_model=tiny, reward_func=reward, args=args, train_dataset=items, ref_model=tiny)
+    pairs = trainer.collect_preference_pairs()[:3]  # the same pairs on every rank
+    forwards = []
+    forward = trainer._reference_forward
+
+    def counted(batch):
+        forwards.append(len(batch))
+        return forward(batch)
+
+    trainer._reference_forward = counted
+    mine = copy.deepcopy(pairs)
+    trainer.precompute_reference_logps(mine)
+    trainer._reference_forward = forward
+    with _plain_loading(trainer):
+        local = AutoModelForCausalLM.from_pretrained(tiny)
+
+    def alone(prompt, completion):  # a plain forward of the local copy (no collective, no fused LM head)
+        ids = torch.cat([prompt, completion])[None]
+        logits = local(ids, position_ids=torch.arange(ids.shape[1])[None]).logits[0, len(prompt) - 1 : -1]
+        logp = torch.log_softmax(logits.float() / trainer.team.temperature, -1)
+        return logp.gather(1, completion[:, None]).sum().item()
+
+    with torch.no_grad():
+        ref_alone = [
+            [alone(p.prompt_ids[i], p.winner_ids[i]) for i in range(2)]
+            + [alone(p.prompt_ids[i], p.loser_ids[i]) for i in range(2)]
+            for p in pairs
+        ]
+    result = {
+        "rank": rank,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "num_pairs": len(pairs),
+        "forwards": forwards,
+        "ref": [p.ref_chosen_logps + p.ref_rejected_logps for p in mine],
+        "ref_alone": ref_alone,
+    }
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
 
 
 if __name__ == "__main__":

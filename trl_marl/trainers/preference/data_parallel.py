@@ -5,6 +5,9 @@ the same update as one process with the same global batch.
   dataset order; process r rolls out items r, r + world, ... of each chunk (at most `per_process`). Every process
   runs the same number of chunks: under ZeRO-3 and FSDP2 each `generate` gathers an agent's weights, a collective,
   so a process with no item in the last chunk rolls out a filler (the chunk's first item) and drops the result.
+* Reference log-probs (`reference_chunks`): `precompute_ref_log_probs` splits the pairs still missing them as the
+  collection splits items (equal chunk counts, a filler where a process has no pair in the last chunk under ZeRO-3 /
+  FSDP2, where a forward of the sharded reference is a collective); the values are gathered to every process.
 * Order (`merge_item_shares`): the `(item index, value)` entries of every process, gathered, in item order: the list
   one process collecting every item in order builds. Pair selection draws from a generator keyed by the item
   (`trl_marl.rng.keyed_rng`), so N processes keep the same pairs as one, in one process's order.
@@ -29,6 +32,7 @@ from ...rng import stream_seed
 
 __all__ = [
     "collection_chunks",
+    "reference_chunks",
     "merge_item_shares",
     "epoch_order",
     "global_batch_slices",
@@ -55,6 +59,22 @@ def collection_chunks(num_items: int, per_process: int, rank: int = 0, world: in
         mine = chunk[rank::world]
         chunks.append((mine, False) if mine else ([chunk[0]], True))
     return chunks
+
+
+def reference_chunks(
+    missing: Sequence[int], per_process: int, rank: int = 0, world: int = 1, synced: bool = False
+) -> list[tuple[list[int], bool]]:
+    """This process's reference-forward batches over the pairs `missing` (indices into the pair list, the same on
+    every process): `(pair indices, filler)` per global chunk of `per_process x world` of them.
+
+    `collection_chunks` over the positions in `missing`: process `rank` scores `missing[rank], missing[rank + world],
+    ...` of each chunk (at most `per_process` per batch), so the shares of all processes cover every missing pair
+    exactly once. With `synced` (the forward is a collective: ZeRO-3 / FSDP2 with > 1 process) every process gets
+    `ceil(len(missing) / (per_process x world))` batches, a process without a pair in the last chunk a filler
+    `([the chunk's first pair], True)` to score and drop; without it (DDP, one process) fillers are left out.
+    """
+    chunks = collection_chunks(len(missing), per_process, rank, world)
+    return [([missing[k] for k in ks], filler) for ks, filler in chunks if synced or not filler]
 
 
 def merge_item_shares(shares: Sequence[Sequence[tuple[int, T]]]) -> list[T]:

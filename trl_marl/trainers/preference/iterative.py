@@ -799,6 +799,8 @@ class MADPOIterTrainer(IterativeMixin, MADPOTrainer):
     def _round_batches(self, nu: int, pairs: list[PreferencePair]) -> list:
         a = self.args
         bs, world, rank = a.per_device_train_batch_size, self.accelerator.num_processes, self.accelerator.process_index
+        if a.precompute_ref_log_probs:  # the round's pairs (the same on every process), split over the processes
+            self.precompute_reference_logps(pairs)
         g = torch.Generator().manual_seed(a.seed * 7919 + nu)
         order: list[int] = []
         for _ in range(math.ceil(a.num_train_epochs)):

@@ -34,7 +34,13 @@ from ...progress import progress_bar, trainer_shows_progress
 from ...rng import keyed_rng
 from ..base import MultiAgentTrainer, _identity_collate
 from ..config import MultiAgentConfig
-from .data_parallel import EpochDataLoader, GlobalBatchSampler, collection_chunks, merge_item_shares
+from .data_parallel import (
+    EpochDataLoader,
+    GlobalBatchSampler,
+    collection_chunks,
+    merge_item_shares,
+    reference_chunks,
+)
 from .dpo_forward import PreferenceBatch
 from .pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_per_item
 
@@ -133,7 +139,8 @@ class MADPOConfig(PreferenceConfig):
             `label_smoothing`).
         discopop_tau: tau of the `discopop` loss.
         precompute_ref_log_probs: compute every pair's reference log-probs once before training (with `ref_model`,
-            or, without one, with the INITIAL agents: the reference is then the starting policy at no memory cost).
+            or, without one, with the INITIAL agents: the reference is then the starting policy at no memory cost),
+            the pairs split over the processes and the values gathered to every process.
             Without it and without `ref_model` the loss is reference-free.
     """
 
@@ -473,17 +480,37 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         return torch.stack(outs_c), torch.stack(outs_r)
 
     def precompute_reference_logps(self, pairs: list[PreferencePair], batch_size: int | None = None) -> None:
-        """Fill every pair's `ref_chosen_logps` / `ref_rejected_logps` (TRL's `precompute_ref_log_probs`)."""
+        """Fill every pair's `ref_chosen_logps` / `ref_rejected_logps` (TRL's `precompute_ref_log_probs`).
+
+        `pairs` must be the same list on every process (a collective with > 1 process). As TRL's `DPOTrainer`
+        precomputes over each process's shard and gathers, each process scores its share of the pairs still missing
+        them (`reference_chunks`), `batch_size` (default `per_device_train_batch_size`) per forward; the values are
+        gathered (`gather_object`) and filled in on every process. Under ZeRO-3 / FSDP2 every process runs the same
+        number of forwards (a filler batch where its share is empty, its values dropped)."""
+        acc = self.accelerator
+        rank, world = acc.process_index, acc.num_processes
         bs = batch_size or self.args.per_device_train_batch_size
+        missing = [k for k, p in enumerate(pairs) if p.ref_chosen_logps is None]
+        local: list[tuple[int, list[float], list[float]]] = []  # (pair index, chosen, rejected)
+        was_training = self.team.training
+        self.team.eval()
+        for indices, filler in reference_chunks(missing, bs, rank, world, synced=self.collective_generation):
+            c, r = self._reference_forward([pairs[k] for k in indices])
+            if not filler:  # a filler only joins the other processes' forwards
+                local += [(k, c[:, j].tolist(), r[:, j].tolist()) for j, k in enumerate(indices)]
+        self.team.train(was_training)
+        for share in gather_object([local]) if world > 1 else [local]:
+            for k, c, r in share:
+                pairs[k].ref_chosen_logps, pairs[k].ref_rejected_logps = c, r
+
+    def _fill_reference_logps(self, pairs: list[PreferencePair]) -> None:
+        """Fill the missing reference log-probs of this process's own batch (no gather: the batches differ)."""
         was_training = self.team.training
         self.team.eval()
         todo = [p for p in pairs if p.ref_chosen_logps is None]
-        for s in range(0, len(todo), bs):
-            chunk = todo[s : s + bs]
-            c, r = self._reference_forward(chunk)
-            for j, p in enumerate(chunk):
-                p.ref_chosen_logps = c[:, j].tolist()
-                p.ref_rejected_logps = r[:, j].tolist()
+        c, r = self._reference_forward(todo)
+        for j, p in enumerate(todo):
+            p.ref_chosen_logps, p.ref_rejected_logps = c[:, j].tolist(), r[:, j].tolist()
         self.team.train(was_training)
 
     def reference_logps(self, pairs: list[PreferencePair], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -494,8 +521,8 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
                 raise RuntimeError(
                     "reference log-probs are missing for a batch and there is no ref_model to compute them"
                 )
-            if self.args.precompute_ref_log_probs:
-                self.precompute_reference_logps(pairs)
+            if self.args.precompute_ref_log_probs:  # this process's batch (pairs restored without them)
+                self._fill_reference_logps(pairs)
             else:
                 c, r = self._reference_forward(pairs)
                 return c.to(device), r.to(device)
