@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import launch_failure
 
 from trl_marl.checkpoint import (
     COMPLETE_MARKER,
@@ -239,7 +240,7 @@ def test_two_process_ddp_killed_and_resumed_exactly(tmp_path, tiny_path):
         return subprocess.run([*cmd, *extra], env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
 
     full = launch(tmp_path / "full")
-    assert full.returncode == 0, full.stderr[-4000:]
+    assert full.returncode == 0, launch_failure(full)
     killed = launch(tmp_path / "killed", "--kill-at", "4")
     assert killed.returncode != 0
     assert latest_complete_checkpoint(str(tmp_path / "killed")).endswith("checkpoint-3")
@@ -248,7 +249,7 @@ def test_two_process_ddp_killed_and_resumed_exactly(tmp_path, tiny_path):
         "trl_marl_state_rank1.pt",
     }
     resumed = launch(tmp_path / "killed", "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, launch_failure(resumed)
     from safetensors.torch import load_file
 
     last = resume_run.MAX_STEPS["magrpo"]
@@ -277,3 +278,29 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_path)
     (out / "checkpoint-1" / COMPLETE_MARKER).write_text(json.dumps(marker))
     with pytest.raises(CheckpointError, match="written by 2 process.*this run has 1.*resume with 2"):
         resume_run.build("magrpo", str(out), tiny_path).train(resume_from_checkpoint=True)
+
+
+def test_checkpoint_fsync_skips_other_processes_temporary_files(tmp_path):
+    """Every process walks the shared staging folder while the others write into it: a walk that meets the main
+    process's safetensors temporary (`.tmpXXXXXX`, renamed to model.safetensors a moment later) or a file renamed
+    away before it is listed must not fail the save. On the old code `finish()` raised FileNotFoundError (a slow
+    2-process DDP checkpoint failed that way in CI, 1 run in about 10)."""
+    from trl_marl.checkpoint import _Syncer
+
+    agent = tmp_path / "agent_1"
+    agent.mkdir()
+    (tmp_path / "rng_state_1.pth").write_bytes(b"rank 1")
+    (agent / ".tmpQ9FE7S").write_bytes(b"half a safetensors file")  # another process's temporary
+    renamed_later = agent / "config.json.partial"
+    renamed_later.write_text("{}")
+    syncer = _Syncer(str(tmp_path))
+    syncer.submit_new()
+    assert str(agent / ".tmpQ9FE7S") not in syncer.futures
+    renamed_later.rename(agent / "config.json")  # the writer renames its file after this process walked
+    (agent / ".tmpQ9FE7S").rename(agent / "model.safetensors")
+    files = syncer.finish()
+    assert files == [
+        {"path": "agent_1/config.json", "size": 2},
+        {"path": "agent_1/model.safetensors", "size": 23},
+        {"path": "rng_state_1.pth", "size": 6},
+    ]

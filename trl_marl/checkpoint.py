@@ -87,7 +87,12 @@ def staging_folder(final: str) -> str:
 class _Syncer:
     """fsyncs a checkpoint's files on a small thread pool while the rest of the checkpoint is still being written
     (fsync releases the GIL, and concurrent fsyncs share the filesystem's journal commits): the disk flush of the
-    agents overlaps the serialization of the optimizer, instead of adding to it."""
+    agents overlaps the serialization of the optimizer, instead of adding to it.
+
+    Every process walks the same staging folder while the others are still writing into it, so a walk can meet
+    another process's temporary file (safetensors writes `.tmpXXXXXX` beside its target, then renames it): names
+    starting or ending with `.tmp` are skipped, and a file gone by the time it is fsynced or listed (renamed or
+    removed by the process that wrote it, which fsyncs its own files) is left out instead of failing the save."""
 
     def __init__(self, folder: str, workers: int = 8):
         from concurrent.futures import ThreadPoolExecutor
@@ -101,7 +106,7 @@ class _Syncer:
         for root, _dirs, names in os.walk(self.folder):
             for name in names:
                 path = os.path.join(root, name)
-                if path not in self.futures and not name.endswith(".tmp"):
+                if path not in self.futures and not (name.endswith(".tmp") or name.startswith(".tmp")):
                     self.futures[path] = self.pool.submit(_fsync_file, path)
 
     def finish(self) -> list[dict]:
@@ -115,7 +120,12 @@ class _Syncer:
                 future.result()
         finally:
             self.pool.shutdown(wait=True)
-        files = [{"path": os.path.relpath(path, self.folder), "size": os.path.getsize(path)} for path in self.futures]
+        files = []
+        for path in self.futures:
+            try:
+                files.append({"path": os.path.relpath(path, self.folder), "size": os.path.getsize(path)})
+            except FileNotFoundError:
+                continue  # another process's temporary file, renamed since the walk
         return sorted(files, key=lambda f: f["path"])
 
     def abandon(self) -> None:
@@ -123,8 +133,14 @@ class _Syncer:
 
 
 def _fsync_file(path: str) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # renamed or removed by the process that wrote it (see _Syncer)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(folder: str) -> None:
