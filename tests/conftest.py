@@ -143,6 +143,22 @@ def task_trainer(tmp_path, tiny_path):
     return build
 
 
+def accelerate_launch(config_file, script, *args: str, timeout: int = 600, env: dict | None = None):
+    """`accelerate launch --config_file CONFIG_FILE SCRIPT ARGS...` from the repository root, one thread per process,
+    offline; `env` adds variables. Fails the test with the decisive lines (`launch_failure`) unless it exits 0."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file), str(script)]
+    proc = subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout, cwd=root)
+    assert proc.returncode == 0, launch_failure(proc)
+    return proc
+
+
 def launch_failure(proc, tail: int = 6000) -> str:
     """The assertion message for a failed subprocess (`accelerate launch`, a recipe): the lines that name the
     failure first (a rank's C++ `terminate`, a fatal signal with faulthandler's Python stacks, a traceback's last

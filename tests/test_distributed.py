@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import launch_failure
+from conftest import accelerate_launch, launch_failure
 from safetensors.torch import load_file
 
 from trl_marl.algorithms import group_advantages
@@ -20,22 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch(config: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("HF_HUB_OFFLINE", None)
-    env["HF_HUB_OFFLINE"] = "1"
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "accelerate_configs" / f"{config}.yaml"),
-        str(ROOT / "tests" / "scripts" / "dist_run.py"),
-        str(out),
-        *extra,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, launch_failure(proc)
-    return proc
+    config_file = ROOT / "accelerate_configs" / f"{config}.yaml"
+    return accelerate_launch(config_file, ROOT / "tests" / "scripts" / "dist_run.py", out, *extra)
 
 
 def check_run(out: Path, distributed_type: str, num_agents: int = 2, trainers=("magrpo", "madpo")) -> None:

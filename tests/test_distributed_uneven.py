@@ -6,34 +6,21 @@ ones (trl_marl.collective) instead of leaving them waiting forever. 2 CPU proces
 About 16 s (ZeRO-3) and 20 s (FSDP2) each here: in the default suite, as the only guard against these hangs."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import launch_failure
+from conftest import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
 
 
 def launch_uneven(config: str, out: Path, mode: str = "uneven") -> list[dict]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env["DIST_RUN_HANG_TIMEOUT"] = str(TIMEOUT_S - 60)  # a hung rank prints every thread's stack, then exits
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ROOT / "accelerate_configs" / f"{config}.yaml"),
-        str(ROOT / "tests" / "scripts" / "dist_run.py"),
-        str(out),
-        mode,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S, cwd=ROOT)
-    assert proc.returncode == 0, launch_failure(proc)
+    config_file = ROOT / "accelerate_configs" / f"{config}.yaml"
+    # a hung rank prints every thread's stack, then exits
+    hang = {"DIST_RUN_HANG_TIMEOUT": str(TIMEOUT_S - 60)}
+    accelerate_launch(config_file, ROOT / "tests" / "scripts" / "dist_run.py", out, mode, timeout=TIMEOUT_S, env=hang)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 

@@ -3,13 +3,10 @@ themselves: 2 CPU processes, MAGRPO with reference KL on the tiny team (tests/sc
 every DeepSpeed parameter fetch, how many elements of each agent and reference model the rank holds)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import launch_failure
+from conftest import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,11 +19,7 @@ def run_held(tmp_path: Path, flag: bool) -> list[dict]:
         config = tmp_path / "zero3_cpu_flag_off.yaml"
         config.write_text(text.replace("zero3_init_flag: true", "zero3_init_flag: false"))
     out = tmp_path / ("on" if flag else "off")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
-    cmd += [str(ROOT / "tests" / "scripts" / "zero3_held.py"), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, launch_failure(proc)
+    accelerate_launch(config, ROOT / "tests" / "scripts" / "zero3_held.py", out)
     ranks = [json.loads((out / f"held_rank{r}.json").read_text()) for r in (0, 1)]
     assert all(rank["zero3_init_flag"] is flag for rank in ranks)
     return ranks

@@ -18,6 +18,7 @@ __all__ = [
     "is_zero3",
     "zero3_init_enabled",
     "zero3_init_flag_honoured",
+    "loaded_in_full",
     "zero3_frozen_copy",
     "hooks_removed",
     "gathered",
@@ -48,7 +49,19 @@ def zero3_init_flag_honoured(args) -> Iterator[None]:
     config unregistered (every rank loads the full models; the engine partitions them when it is built) and
     registers it again afterwards."""
     plugin = getattr(args, "deepspeed_plugin", None)
-    if plugin is None or plugin.zero3_init_flag or not zero3_init_enabled():
+    if plugin is not None and plugin.zero3_init_flag:
+        yield
+        return
+    with loaded_in_full(plugin):
+        yield
+
+
+@contextmanager
+def loaded_in_full(plugin) -> Iterator[None]:
+    """Models built in the block are loaded in full on this rank, outside `deepspeed.zero.Init`: transformers'
+    DeepSpeed config is unregistered for the block and registered again by `plugin` (accelerate's
+    `DeepSpeedPlugin`) afterwards. A no-op when models are not being built partitioned."""
+    if plugin is None or not zero3_init_enabled():
         yield
         return
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config

@@ -448,24 +448,9 @@ def run(which, out, hetero):
 
 def _plain_loading(trainer):
     """Load models in full on this rank (outside `deepspeed.zero.Init` under ZeRO-3 with `zero3_init_flag`)."""
-    import contextlib
+    from trl_marl.zero3 import loaded_in_full
 
-    from trl_marl.zero3 import zero3_init_enabled
-
-    @contextlib.contextmanager
-    def block():
-        if not zero3_init_enabled():
-            yield
-            return
-        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-        unset_hf_deepspeed_config()
-        try:
-            yield
-        finally:
-            trainer.accelerator.state.deepspeed_plugin.set_deepspeed_weakref()
-
-    return block()
+    return loaded_in_full(getattr(trainer.accelerator.state, "deepspeed_plugin", None))
 
 
 def run_uneven(out):
