@@ -314,3 +314,9 @@ def test_madpoiter_round_precomputes_its_pairs_split_over_processes(tmp_path, ti
     monkeypatch.setattr(madpo_module, "gather_object", lambda obj: obj)  # this rank's share only
     t._round_batches(1, pairs)
     assert sum(rows) == n // 2  # rank 1 of 2: half of the round's pairs
+
+
+@pytest.mark.parametrize("per_process, rank, world", [(0, 0, 1), (2, 2, 2), (2, -1, 2), (2, 0, 0)])
+def test_collection_chunks_reject_impossible_shares(per_process, rank, world):
+    with pytest.raises(ValueError, match="need per_process >= 1 and 0 <= rank < world"):
+        collection_chunks(5, per_process, rank, world)
