@@ -75,7 +75,7 @@ def measure(shape: dict, repeats: int) -> dict:
         t = _trainer(shape, str(root / "run"))
         t.args.save_total_limit = None
         model = t.model_wrapped
-        import trl_marl.checkpoint as ckpt
+        import trl_marl.checkpointing.checkpoint as ckpt
 
         def no_fsync():  # the same routine with fsync made a no-op: what the durability itself costs
             real = ckpt._fsync_file, ckpt._fsync_dir
@@ -86,7 +86,7 @@ def measure(shape: dict, repeats: int) -> dict:
                 ckpt._fsync_file, ckpt._fsync_dir = real
 
         plain = lambda: Trainer._save_checkpoint(t, model, None)  # noqa: E731 -- the transformers routine, as before
-        atomic = lambda: t._save_checkpoint(model, None)  # noqa: E731 -- trl_marl.checkpoint
+        atomic = lambda: t._save_checkpoint(model, None)  # noqa: E731 -- trl_marl.checkpointing.checkpoint
         variants = [("plain", plain), ("atomic", atomic), ("atomic_no_fsync", no_fsync)]
         times = {name: [] for name, _ in variants}
         step = 100

@@ -4,7 +4,7 @@
     python benchmarks/learning_curves.py --tasks coordination --seeds 0 --trainers MAGRPO MADPO
 
 Each curve is a recipe run on the tiny Llama, `recipes/<algo>.py --task TASK --seed SEED --max_steps 40
---eval_interval 5`: the recipe's embedded tiny defaults (`trl_marl.scripts.TINY_DEFAULTS` and the recipe's own:
+--eval_interval 5`: the recipe's embedded tiny defaults (`trl_marl.cli.recipe_args.TINY_DEFAULTS` and the recipe's own:
 learning rate 3e-3, G=4, 16 new tokens, 8 prompts per rollout; MADPO: ~250 pairs from 4 candidates per item, 8
 pairs per step; MARLHF: a joint reward model fitted on all pairs of 8 candidates per item, then RL) with a common
 budget of 40 training steps (the recipes' own is 60, MADPO's 4 epochs) and, for MARLHF, one reward-model epoch

@@ -1,4 +1,4 @@
-"""The real-size table of docs/scaling.md ("How much memory, and which engine"): `trl_marl.memory.estimate` per rank
+"""The real-size table of docs/scaling.md ("How much memory, and which engine"): `trl_marl.distributed.memory.estimate` per rank
 on 8 GPUs for Qwen2.5 0.5B / 1.5B / 7B bases, 2 and 4 agents, full fine-tuning and a LoRA team on one base.
 
     python benchmarks/memory_table.py
@@ -13,7 +13,7 @@ from __future__ import annotations
 from peft import LoraConfig
 
 from trl_marl import MAGRPOConfig
-from trl_marl.memory import ENGINES, GIB, estimate
+from trl_marl.distributed.memory import ENGINES, GIB, estimate
 
 QWEN25 = {  # Qwen2.5-{0.5B,1.5B,7B}/config.json
     "0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,

@@ -52,8 +52,9 @@ def main(argv=None) -> dict:
 
     from trl_marl import MADPOConfig, MADPOTrainer
     from trl_marl.algorithms import sequence_logprobs
+    from trl_marl.data_types.batches import collate_agent_batch
+    from trl_marl.models.team import agent_token_logprobs
     from trl_marl.tasks.toy import TOPICS, coordination_reward
-    from trl_marl.team import agent_token_logprobs, collate_agent_batch
     from trl_marl.testing import tiny_model_path
 
     torch.set_num_threads(args.threads)

@@ -115,7 +115,7 @@ def test_multi_turn_td_targets_bootstrap_with_the_next_q_value(make_args, items,
     )
     rollout, data = rollout_data(t, items)
     assert len(rollout.nodes) == 2 * 3 and len(data.items) == 6
-    from trl_marl.trainers.actor_critic import build_transitions
+    from trl_marl.data_types.critic import build_transitions
 
     trans = build_transitions(rollout)
     expected = trans.rewards + 0.9 * torch.where(trans.has_next, data.old_values[0][trans.next_index], 0.0)
@@ -149,7 +149,7 @@ def test_mappo_gae_ratios_and_per_agent_joint_critics(make_args, items, tiny_pat
     )
     assert len(t.team.critics) == 2 and args.steps_per_rollout == 2
     rollout, data = rollout_data(t, items)
-    from trl_marl.trainers.actor_critic import build_transitions
+    from trl_marl.data_types.critic import build_transitions
 
     for i in range(2):  # critic i learns agent i's reward on the JOINT history
         trans = build_transitions(rollout, agent=i)

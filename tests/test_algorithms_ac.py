@@ -16,8 +16,9 @@ from trl_marl.algorithms import (
     td_targets,
     value_loss,
 )
-from trl_marl.rollout import Node, Rollout, Sample
-from trl_marl.trainers.actor_critic import build_transitions, joint_critic_text
+from trl_marl.data_types.critic import build_transitions
+from trl_marl.data_types.rollout import Node, Rollout, Sample
+from trl_marl.trainers.actor_critic import joint_critic_text
 
 
 def _sample(agent, node, penalty=0.0):

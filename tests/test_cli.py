@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trl_marl.cli import main as cli_main
-from trl_marl.cli.launching import available_configs, resolve_accelerate_config
+from trl_marl.cli.launch import available_configs, resolve_accelerate_config
 from trl_marl.cli.recipes import RECIPES, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,14 +87,14 @@ def test_env_prints_versions(capsys):
 
 
 def test_estimate_command_prints_the_memory_model(tiny_path, capsys):
-    """`trl-marl estimate` is `python -m trl_marl.memory` (its usage line promised the command)."""
+    """`trl-marl estimate` is `python -m trl_marl.distributed.memory` (its usage line promised the command)."""
     assert cli_main(["estimate", tiny_path, "--num_agents", "2", "--world_size", "2", "--engine", "zero3"]) == 0
     assert "engine=zero3 world_size=2" in capsys.readouterr().out
 
 
 def test_accelerate_config_relaunches_through_accelerate(monkeypatch):
     """`--accelerate_config NAME` and accelerate's own flags go to `accelerate launch`; the rest to the script."""
-    import trl_marl.cli.launching as acc
+    import trl_marl.cli.launch as acc
 
     seen = {}
     monkeypatch.setattr(acc, "launch", lambda command, launch_args, script_args: seen.update(locals()))
@@ -113,7 +113,7 @@ def test_unknown_command_is_an_error(capsys):
 
 
 def test_every_command_parses_its_config(tmp_path):
-    from trl_marl.scripts import parse_recipe_args
+    from trl_marl.cli.recipe_args import parse_recipe_args
 
     for name, recipe in RECIPES.items():
         args, config = parse_recipe_args(
@@ -132,7 +132,7 @@ def test_every_command_parses_its_config(tmp_path):
 def test_actor_critic_commands_accept_num_turns_2(tmp_path, name):
     """The tiny run's `num_generations=4` is a recipe default: with `--num_turns 2` the actor-critic trainers keep
     their own default (1) instead of failing on a value the user never set."""
-    from trl_marl.scripts import parse_recipe_args
+    from trl_marl.cli.recipe_args import parse_recipe_args
 
     recipe = RECIPES[name]
     _, config = parse_recipe_args(
@@ -144,8 +144,8 @@ def test_actor_critic_commands_accept_num_turns_2(tmp_path, name):
 
 
 def test_marlhf_with_maac_gets_its_critic(tmp_path, tiny_path):
+    from trl_marl.cli.recipe_args import parse_recipe_args
     from trl_marl.cli.recipes import _marlhf_kwargs
-    from trl_marl.scripts import parse_recipe_args
 
     args, config = parse_recipe_args(
         RECIPES["marlhf"].config_class(),
@@ -269,7 +269,7 @@ def test_sdist_holds_what_its_tests_need(tmp_path):
 @pytest.mark.parametrize("task", ["coordination", "length_ratio", "writing"])
 def test_builtin_tasks_fit_every_recipe_default(tmp_path, task):
     """No recipe's default run skips items of a built-in task ("not a multiple of one rollout batch")."""
-    from trl_marl.scripts import parse_recipe_args
+    from trl_marl.cli.recipe_args import parse_recipe_args
     from trl_marl.tasks import load_task
 
     size = len(load_task(task).train_dataset)
@@ -318,7 +318,7 @@ def test_accelerate_config_multi_cpu_really_launches_two_ranks(tmp_path, tiny_pa
 
 
 def test_builtin_task_names_in_the_help_are_the_registered_tasks():
-    from trl_marl.scripts import BUILTIN_TASKS
+    from trl_marl.cli.recipe_args import BUILTIN_TASKS
     from trl_marl.tasks import TASKS
 
     assert sorted(BUILTIN_TASKS) == sorted(TASKS)
@@ -326,7 +326,7 @@ def test_builtin_task_names_in_the_help_are_the_registered_tasks():
 
 def test_deprecated_flag_counts_as_the_users_value(tmp_path):
     """`--max_new_tokens 8` (the old name) wins over the tiny run's default `max_completion_length` (16)."""
-    from trl_marl.scripts import parse_recipe_args
+    from trl_marl.cli.recipe_args import parse_recipe_args
 
     with pytest.warns(FutureWarning, match="max_new_tokens"):
         _, config = parse_recipe_args(
@@ -340,7 +340,7 @@ def test_resume_and_push_flags_reach_the_trainer(tmp_path, tiny_path):
     dataset, and TRL's names reach the trainer (`model=`, `reward_funcs=`, `peft_config=`)."""
     from types import SimpleNamespace as NS
 
-    from trl_marl.scripts import parse_recipe_args, run_recipe
+    from trl_marl.cli.recipe_args import parse_recipe_args, run_recipe
 
     class FakeTrainer:
         def __init__(self, **kwargs):

@@ -1,15 +1,16 @@
-"""trl_marl.collective in one process, with the all-reduce replaced by what another process would answer: a process
+"""trl_marl.distributed.collective in one process, with the all-reduce replaced by what another process would answer: a process
 with less work makes the same number of generate / reward-model calls as the busiest one, with placeholders whose
 results are discarded (the 2-process runs are in tests/test_distributed_uneven.py)."""
 
 import pytest
 import torch
 
-import trl_marl.collective as collective
-from trl_marl.collective import even_chunks
+import trl_marl.distributed.collective as collective
+from trl_marl.data_types.rollout import GenerationOutput
+from trl_marl.data_types.text import PromptText
+from trl_marl.distributed.collective import even_chunks
 from trl_marl.rewards import RewardFunction
-from trl_marl.rollout import GenerationOutput, JointRollout
-from trl_marl.team import PromptText
+from trl_marl.rollout.engine import JointRollout
 
 
 def other_process_answers(monkeypatch, value: int):

@@ -1,4 +1,4 @@
-"""One place decides what is secret (`trl_marl.config_secrets`); configs refuse secrets at construction and nothing
+"""One place decides what is secret (`trl_marl.utils.secrets`); configs refuse secrets at construction and nothing
 that slips through reaches a file under output_dir, a log or a model card."""
 
 import logging
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trl_marl import MADPOIterConfig
-from trl_marl.config_secrets import find_secrets, is_secret_name, redact_secrets
+from trl_marl.utils.secrets import find_secrets, is_secret_name, redact_secrets
 
 SECRET = "sk-planted-0123456789abcdef"
 

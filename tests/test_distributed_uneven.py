@@ -1,7 +1,7 @@
 """Ranks with uneven work under ZeRO-3 and FSDP2, where generation and the forwards of sharded models (agents,
 critics, the joint reward model) are collectives: a rank whose multi-turn branches all ended early, whose share of
 an evaluation set is shorter, or that has nothing to generate or score, takes part in the others' calls with empty
-ones (trl_marl.collective) instead of leaving them waiting forever. 2 CPU processes through `accelerate launch`
+ones (trl_marl.distributed.collective) instead of leaving them waiting forever. 2 CPU processes through `accelerate launch`
 (tests/scripts/dist_run.py, mode `uneven`); a hang fails at the subprocess timeout with every rank's stack.
 About 16 s (ZeRO-3) and 20 s (FSDP2) each here: in the default suite, as the only guard against these hangs."""
 
@@ -68,7 +68,7 @@ def test_fsdp2_ranks_with_uneven_work_stay_in_step(tmp_path):
     ranks = launch_uneven("fsdp2_cpu", tmp_path)
     assert all(r["distributed_type"] == "DistributedType.FSDP" for r in ranks)
     check_uneven(ranks)
-    # 2. trl_marl.fsdp.full_state_dict: the full weights on every rank by default, on rank 0 only with rank0_only
+    # 2. trl_marl.distributed.fsdp.full_state_dict: the full weights on every rank by default, on rank 0 only with rank0_only
     t0, t1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     initial = t0["initial"]
     for t in (t0, t1):

@@ -1,4 +1,4 @@
-"""trl_marl.fsdp without processes: unsupported FSDP settings fail early with the field's name; the units a team
+"""trl_marl.distributed.fsdp without processes: unsupported FSDP settings fail early with the field's name; the units a team
 is cut into; FSDP stays off unless the launcher asked for it."""
 
 from types import SimpleNamespace
@@ -7,8 +7,8 @@ import pytest
 from accelerate.utils import DistributedType
 from transformers import AutoModelForCausalLM
 
-from trl_marl.fsdp import _layer_classes, check_fsdp2_plugin, enable_fsdp_on_cpu, fsdp_units
-from trl_marl.team import TeamModel
+from trl_marl.distributed.fsdp import _layer_classes, check_fsdp2_plugin, enable_fsdp_on_cpu, fsdp_units
+from trl_marl.models.team import TeamModel
 
 
 def _acc(**plugin):

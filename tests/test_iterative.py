@@ -149,7 +149,7 @@ class ScriptedComparator(ModelComparator):
         return [None, None], [None, None]
 
     def sample(self, trainer, models, tokenizers, prompts_per_agent, G):
-        from trl_marl.rollout import GenerationOutput
+        from trl_marl.data_types.rollout import GenerationOutput
 
         texts = []
         for _ in range(len(prompts_per_agent[0])):

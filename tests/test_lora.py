@@ -8,7 +8,7 @@ from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM
 
 from trl_marl import MADPOConfig, MADPOTrainer, MAGRPOTrainer
-from trl_marl.adapters import AdapterAgent
+from trl_marl.models.adapters import AdapterAgent
 
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
 

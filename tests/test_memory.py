@@ -1,4 +1,4 @@
-"""trl_marl.memory: the per-rank memory model, its engine arithmetic, and its prediction against measured RSS."""
+"""trl_marl.distributed.memory: the per-rank memory model, its engine arithmetic, and its prediction against measured RSS."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from peft import LoraConfig
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from trl_marl import MAGRPOConfig, MAPPOConfig
-from trl_marl.memory import count_parameters, estimate, layer_parameters, main
+from trl_marl.distributed.memory import count_parameters, estimate, layer_parameters, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -250,8 +250,8 @@ def test_sharded_engines_lower_each_ranks_peak_below_ddp(rss_launch):
 def test_deepspeed_buffers_are_sized_for_the_team(tiny_path):
     """fill_bucket_sizes: transformers' "auto" formulas on the team's hidden size, a ZeRO-3 live / reuse window of
     one decoder layer, and what the user's DeepSpeed config sets is kept."""
-    from trl_marl.team import TeamModel
-    from trl_marl.zero3 import fill_bucket_sizes
+    from trl_marl.distributed.zero3 import fill_bucket_sizes
+    from trl_marl.models.team import TeamModel
 
     agents = [AutoModelForCausalLM.from_pretrained(tiny_path) for _ in range(2)]
     team = TeamModel(agents, ["a", "b"])

@@ -72,7 +72,7 @@ def test_heavy_pieces_are_extras_and_dev_installs_them():
 def test_missing_peft_names_the_extra(monkeypatch, tiny_path):
     from transformers import AutoModelForCausalLM
 
-    from trl_marl.adapters import wrap_agents_with_peft
+    from trl_marl.models.adapters import wrap_agents_with_peft
 
     model = AutoModelForCausalLM.from_pretrained(tiny_path)
     monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` now raises ImportError

@@ -16,8 +16,8 @@ from trl_marl import (
     MARLHFConfig,
     MARLHFTrainer,
 )
-from trl_marl.centralized import CentralizedParseError, TaggedCentralizedAdapter, centralize
 from trl_marl.rewards import RewardFunction
+from trl_marl.rollout.centralized import CentralizedParseError, TaggedCentralizedAdapter, centralize
 from trl_marl.trainers.preference import JointRewardModel, PreferencePair, select_pairs
 
 

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 import trl_marl.trainers.preference.iterative as iterative_module
 import trl_marl.trainers.preference.madpo as madpo_module
 from trl_marl import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer
-from trl_marl.rng import keyed_rng
+from trl_marl.data_types.rng import keyed_rng
 from trl_marl.testing import prompt_seeded_generation
 from trl_marl.trainers.preference.data_parallel import (
     collection_chunks,

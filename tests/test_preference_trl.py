@@ -432,7 +432,7 @@ def test_madpo_forward_is_trls_collator_and_one_concatenated_forward_per_agent(m
                 assert lw[i, j].item() == len(p.winner_ids[i]) and ll[i, j].item() == len(p.loser_ids[i])
     # the same numbers as the forward MADPO had before (our left-padded AgentBatch, still what TeamModel takes)
     from trl_marl.algorithms.logprobs import sequence_logprobs
-    from trl_marl.team import collate_agent_batch
+    from trl_marl.data_types.batches import collate_agent_batch
 
     old = [
         collate_agent_batch([p.prompt_ids[i] for p in pairs] * 2,

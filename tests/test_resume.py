@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import launch_failure
 
-from trl_marl.checkpoint import (
+from trl_marl.checkpointing.checkpoint import (
     COMPLETE_MARKER,
     PREEMPTED_EXIT_CODE,
     CheckpointError,
@@ -182,7 +182,7 @@ def test_a_kill_at_every_write_point_leaves_a_resumable_checkpoint(tmp_path, tin
     set_write_hook(None)
     # a run resumed with True skips the incomplete staging folders with ONE warning naming them, and trains on
     caplog.clear()
-    with caplog.at_level("WARNING", logger="trl_marl.checkpoint"):
+    with caplog.at_level("WARNING", logger="trl_marl.checkpointing.checkpoint"):
         path = resolve_resume_checkpoint(True, str(out))
     warnings = [r for r in caplog.records if "incomplete" in r.getMessage()]
     assert len(warnings) == 1 and ".tmp-checkpoint-99" in warnings[0].getMessage()
@@ -212,7 +212,7 @@ class _Foreign:
 
 
 def test_resume_state_loads_only_allowlisted_classes(tmp_path, monkeypatch):
-    from trl_marl.checkpoint import TRUSTED_ENV, load_resume_state
+    from trl_marl.checkpointing.checkpoint import TRUSTED_ENV, load_resume_state
 
     torch.save({"step": 1, "buffered": [_Foreign()]}, tmp_path / "trl_marl_state_rank0.pt")
     with pytest.raises(CheckpointError, match=rf"_Foreign.*set {TRUSTED_ENV}=1"):
@@ -285,7 +285,7 @@ def test_checkpoint_fsync_skips_other_processes_temporary_files(tmp_path):
     process's safetensors temporary (`.tmpXXXXXX`, renamed to model.safetensors a moment later) or a file renamed
     away before it is listed must not fail the save. On the old code `finish()` raised FileNotFoundError (a slow
     2-process DDP checkpoint failed that way in CI, 1 run in about 10)."""
-    from trl_marl.checkpoint import _Syncer
+    from trl_marl.checkpointing.checkpoint import _Syncer
 
     agent = tmp_path / "agent_1"
     agent.mkdir()

@@ -1,11 +1,11 @@
-"""One random stream per purpose (trl_marl.rng.RNGStreams) and its use by the trainers (issue 13)."""
+"""One random stream per purpose (trl_marl.data_types.rng.RNGStreams) and its use by the trainers (issue 13)."""
 
 import torch
 from conftest import iterative_args, letters_reward
 from datasets import Dataset
 
 from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
-from trl_marl.rng import RNGStreams
+from trl_marl.data_types.rng import RNGStreams
 
 ITEMS = Dataset.from_list([{"prompt": f"Say something about {w}."} for w in ["rain", "snow", "wind", "fire"]])
 

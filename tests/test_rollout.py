@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from trl_marl.data_types.rollout import GenerationOutput
+from trl_marl.data_types.text import PromptText
 from trl_marl.rewards import RewardFunction
-from trl_marl.rollout import GenerationOutput, JointRollout, assign_returns, tree_size
-from trl_marl.team import PromptText
+from trl_marl.rollout.engine import JointRollout, assign_returns, tree_size
 
 
 class ScriptedGenerate:

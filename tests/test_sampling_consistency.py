@@ -157,7 +157,7 @@ def test_comparator_completion_keeps_the_emitted_eos_and_a_cut_completion_gets_n
 
 
 def test_text_completions_take_the_right_eos(two_eos_trainer, tiny_tokenizer):
-    from trl_marl.team import completion_token_ids
+    from trl_marl.models.loading import completion_token_ids
 
     t, (eos_small, eos_large) = two_eos_trainer
     body = tiny_tokenizer("the cat", add_special_tokens=False)["input_ids"]

@@ -128,7 +128,7 @@ def test_activation_checkpointing_on_older_transformers(tiny_path):
     plain per-layer checkpointing goes through it, and the options only the newer API has fail with a clear error."""
     from transformers import AutoModelForCausalLM
 
-    from trl_marl.team import TeamModel
+    from trl_marl.models.team import TeamModel
 
     calls = []
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from trl_marl.state_files import CorruptedStateError
+from trl_marl.checkpointing.state_files import CorruptedStateError
 from trl_marl.trainers.preference.iterative import read_round_file, write_round_file
 
 

@@ -5,14 +5,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trl_marl.algorithms import sequence_logprobs
-from trl_marl.team import (
-    TeamModel,
-    agent_token_logprobs,
-    collate_agent_batch,
-    load_tokenizers,
-    loading_kwargs,
-    resolve_formatters,
-)
+from trl_marl.data_types.batches import collate_agent_batch
+from trl_marl.models.loading import load_tokenizers, loading_kwargs
+from trl_marl.models.team import TeamModel, agent_token_logprobs
+from trl_marl.rollout.prompts import resolve_formatters
 
 
 @pytest.fixture

@@ -238,7 +238,7 @@ def test_string_and_bare_float_rewards_are_named(make_args, items, tiny_path):
 
 
 def test_formatter_key_error_at_run_time_names_the_agent(make_args, items, tiny_path):
-    from trl_marl.rollout import JointRollout
+    from trl_marl.rollout.engine import JointRollout
 
     def needs_question(x):
         return x["question"]

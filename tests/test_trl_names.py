@@ -189,7 +189,7 @@ def test_weighted_sum_logs_components():
 def test_team_rollout_metrics_on_hand_computed_numbers():
     from types import SimpleNamespace as NS
 
-    from trl_marl.metrics import rollout_num_tokens, team_rollout_metrics
+    from trl_marl.trainers.metrics import rollout_num_tokens, team_rollout_metrics
 
     nodes = [NS(raw_rewards=torch.tensor([1.0, 3.0])), NS(raw_rewards=torch.tensor([[2.0, 2.0], [2.0, 2.0]]))]
     eos = 9

@@ -30,7 +30,8 @@ from trl_marl import (  # noqa: E402
     MARLHFConfig,
     MARLHFTrainer,
 )
-from trl_marl.team import agent_token_logprobs, collate_agent_batch  # noqa: E402
+from trl_marl.data_types.batches import collate_agent_batch  # noqa: E402
+from trl_marl.models.team import agent_token_logprobs  # noqa: E402
 from trl_marl.testing import tiny_model_path  # noqa: E402
 
 CERTAIN = 100  # the token the edited agent emits with probability ~1
@@ -260,7 +261,7 @@ def test_shared_base_team_on_one_multi_lora_engine(vllm_path, items_list, tmp_pa
         for h in t.state.log_history[:2]:
             assert h["sampling/sampling_logp_difference/max"] < 1e-3
         out = t.generate([["Write about the sea."]] * 2, 4)
-        from trl_marl.adapters import AdapterDisabled
+        from trl_marl.models.adapters import AdapterDisabled
 
         base = AdapterDisabled(t.team.shared)
         for i in range(2):

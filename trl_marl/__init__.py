@@ -8,7 +8,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from trl_marl import _moved
+
 __version__ = "0.1.0"
+
+_moved.install()  # old import paths of modules that moved, for one release (trl_marl/_moved.py)
 
 _LAZY = {
     # trainers
@@ -40,7 +44,7 @@ _LAZY = {
     "MARLHFIterTrainer": "trl_marl.trainers.preference.iterative",
     "PreferencePair": "trl_marl.trainers.preference.pairs",
     # building blocks
-    "TeamModel": "trl_marl.team",
+    "TeamModel": "trl_marl.models.team",
     "AgentTeam": "trl_marl.hub",
     "push_team_to_hub": "trl_marl.hub",
     "ActorCriticTeam": "trl_marl.models.value_head",
@@ -67,13 +71,13 @@ def __dir__():
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .hub import AgentTeam, push_team_to_hub
-    from .models.value_head import ActorCriticTeam, CausalLMWithValueHead
-    from .rewards import RewardFunction, RewardProcessors
-    from .rollout import JointRollout
-    from .tasks import load_task
-    from .team import TeamModel
-    from .trainers.actor_critic import (
+    from trl_marl.hub import AgentTeam, push_team_to_hub
+    from trl_marl.models.team import TeamModel
+    from trl_marl.models.value_head import ActorCriticTeam, CausalLMWithValueHead
+    from trl_marl.rewards import RewardFunction, RewardProcessors
+    from trl_marl.rollout.engine import JointRollout
+    from trl_marl.tasks import load_task
+    from trl_marl.trainers.actor_critic import (
         IACConfig,
         IACTrainer,
         MAACConfig,
@@ -81,9 +85,9 @@ if TYPE_CHECKING:  # pragma: no cover
         MAPPOConfig,
         MAPPOTrainer,
     )
-    from .trainers.base import MultiAgentTrainer
-    from .trainers.config import MultiAgentConfig
-    from .trainers.preference import (
+    from trl_marl.trainers.base import MultiAgentTrainer
+    from trl_marl.trainers.config import MultiAgentConfig
+    from trl_marl.trainers.preference import (
         JointRewardModel,
         MADPOConfig,
         MADPOIterConfig,
@@ -95,7 +99,7 @@ if TYPE_CHECKING:  # pragma: no cover
         MARLHFTrainer,
         PreferencePair,
     )
-    from .trainers.reinforce import (
+    from trl_marl.trainers.reinforce import (
         CentralizedMAGRPOTrainer,
         MAGRPOConfig,
         MAGRPOTrainer,

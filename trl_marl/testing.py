@@ -213,7 +213,7 @@ def prompt_seeded_generation(trainer):
 
     import torch
 
-    from .rollout import GenerationOutput
+    from trl_marl.data_types.rollout import GenerationOutput
 
     original = trainer.generate
 

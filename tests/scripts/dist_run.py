@@ -134,7 +134,7 @@ def run_equiv(which, out):
 def run_rss(out, reference_kl=False, max_steps=3):
     """A model-shaped team (2 agents, hidden 512, 8 layers): `max_steps` MAGRPO steps; each rank writes its RSS
     before the trainer is built, its peak RSS, its current and peak RSS at the end of each phase (built, prepared,
-    rollout, step), the time of each training step, the engine's ZeRO settings, and `trl_marl.memory.estimate` of
+    rollout, step), the time of each training step, the engine's ZeRO settings, and `trl_marl.distributed.memory.estimate` of
     this very run (its args, engine, number of processes and longest prompt)."""
     import resource
     import time
@@ -199,7 +199,7 @@ def run_rss(out, reference_kl=False, max_steps=3):
     trainer.train()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rank = trainer.accelerator.process_index
-    from trl_marl.memory import estimate
+    from trl_marl.distributed.memory import estimate
 
     if trainer.is_deepspeed_enabled:
         engine = f"zero{trainer.accelerator.state.deepspeed_plugin.zero_stage}"
@@ -448,7 +448,7 @@ def run(which, out, hetero):
 
 def _plain_loading(trainer):
     """Load models in full on this rank (outside `deepspeed.zero.Init` under ZeRO-3 with `zero3_init_flag`)."""
-    from trl_marl.zero3 import loaded_in_full
+    from trl_marl.distributed.zero3 import loaded_in_full
 
     return loaded_in_full(getattr(trainer.accelerator.state, "deepspeed_plugin", None))
 
@@ -459,7 +459,7 @@ def run_uneven(out):
     OUT/rank{r}.json (and .pt) with what it computed and what one process alone computes from the same weights.
 
     1. `generate` with prompts on rank 0 and none on rank 1 (greedy), vs a full local copy of the agents.
-    2. (FSDP2) `trl_marl.fsdp.full_state_dict` of agent 1: on every rank / on rank 0 only.
+    2. (FSDP2) `trl_marl.distributed.fsdp.full_state_dict` of agent 1: on every rank / on rank 0 only.
     3. A sharded joint reward model scores 3 texts in 3 batches on rank 0, 1 text on rank 1, vs a full local copy.
     4. One MAAC step (separate critic), 2 turns: every branch of rank 0 terminates after turn 1 (its reward is
        above `early_termination_threshold`), rank 1's run both turns.
@@ -468,7 +468,7 @@ def run_uneven(out):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from trl_marl import MAACConfig, MAACTrainer
-    from trl_marl.fsdp import full_state_dict, is_fsdp2
+    from trl_marl.distributed.fsdp import full_state_dict, is_fsdp2
     from trl_marl.testing import tiny_model_path
     from trl_marl.trainers.preference.reward_model import JointRewardModel
 

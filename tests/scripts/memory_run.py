@@ -1,5 +1,5 @@
 """Launched by tests/test_memory.py: trains a team two MAGRPO steps in ONE process and writes the memory it
-measured (RSS before the trainer is built, peak RSS at the end) beside trl_marl.memory's estimate.
+measured (RSS before the trainer is built, peak RSS at the end) beside trl_marl.distributed.memory's estimate.
 Arguments: OUTPUT_JSON tiny|shaped."""
 
 import json
@@ -32,7 +32,7 @@ def main():
     from datasets import Dataset
 
     from trl_marl import MAGRPOConfig, MAGRPOTrainer
-    from trl_marl.memory import estimate
+    from trl_marl.distributed.memory import estimate
     from trl_marl.testing import tiny_model_path
 
     path = tiny_model_path(**SHAPES[shape])

@@ -1,6 +1,6 @@
 """The math of every trainer, as small pure torch functions (tensors in, tensors out, formula in the docstring)."""
 
-from .advantages import (
+from trl_marl.algorithms.advantages import (
     BASELINES,
     RunningMeanStd,
     baseline_advantages,
@@ -13,8 +13,8 @@ from .advantages import (
     td_targets,
     tree_returns,
 )
-from .logprobs import completion_mask, sequence_logprobs, token_logprobs
-from .losses import (
+from trl_marl.algorithms.logprobs import completion_mask, sequence_logprobs, token_logprobs
+from trl_marl.algorithms.losses import (
     DPO_LOSS_TYPES,
     bradley_terry_loss,
     dpo_pair_loss,

@@ -12,11 +12,11 @@ Every learner acts from the per-agent observations only (`act(obs)`); centralize
 `update(episode)`. See `docs/classic-marl.md` and `recipes/gridworld.py`.
 """
 
-from .base import Episode, Learner, TrainResult, evaluate, run_episode, train
-from .independent import IndependentAgents
-from .maddpg import MADDPGStyle
-from .mappo import MAPPOStyle
-from .qmix import QMixer, QMIXStyle, monotonic_mix
+from trl_marl.classic.base import Episode, Learner, TrainResult, evaluate, run_episode, train
+from trl_marl.classic.independent import IndependentAgents
+from trl_marl.classic.maddpg import MADDPGStyle
+from trl_marl.classic.mappo import MAPPOStyle
+from trl_marl.classic.qmix import QMixer, QMIXStyle, monotonic_mix
 
 LEARNERS = {cls.name: cls for cls in (IndependentAgents, MADDPGStyle, QMIXStyle, MAPPOStyle)}
 

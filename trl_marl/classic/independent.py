@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 from trl_marl.algorithms.advantages import td_targets
-
-from .base import Episode, epsilon_greedy, linear_schedule
+from trl_marl.classic.base import Episode, epsilon_greedy, linear_schedule
 
 __all__ = ["IndependentAgents", "q_learning_step"]
 

@@ -26,8 +26,7 @@ import numpy as np
 import torch
 
 from trl_marl.algorithms.advantages import td_targets
-
-from .base import Episode, ReplayBuffer, linear_schedule, sample_softmax, tabular_update
+from trl_marl.classic.base import Episode, ReplayBuffer, linear_schedule, sample_softmax, tabular_update
 
 __all__ = ["MADDPGStyle", "expected_joint_value", "softmax_actor_gradient"]
 

@@ -22,8 +22,7 @@ import torch
 
 from trl_marl.algorithms.advantages import gae
 from trl_marl.algorithms.losses import ppo_clip_loss, value_loss
-
-from .base import Episode, pad_episodes, sample_softmax
+from trl_marl.classic.base import Episode, pad_episodes, sample_softmax
 
 __all__ = ["MAPPOStyle"]
 

@@ -36,8 +36,7 @@ from torch import nn
 
 from trl_marl.algorithms.advantages import gae
 from trl_marl.algorithms.losses import value_loss
-
-from .base import Episode, epsilon_greedy, linear_schedule, pad_episodes
+from trl_marl.classic.base import Episode, epsilon_greedy, linear_schedule, pad_episodes
 
 __all__ = ["QMIXStyle", "QMixer", "monotonic_mix", "optimistic_td_loss"]
 

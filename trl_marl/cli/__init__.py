@@ -1,5 +1,5 @@
 """The `trl-marl` command (installed by the wheel), shaped like TRL's `trl` command: see `trl_marl.cli.main`."""
 
-from .main import main
+from trl_marl.cli.main import main
 
 __all__ = ["main"]

@@ -5,7 +5,7 @@
         --reward_funcs trl.rewards:think_format_reward --use_peft --accelerate_config multi_gpu
     trl-marl maac --config run.yaml
     trl-marl env                                          # versions, for bug reports
-    trl-marl estimate MODEL --num_agents 2 --world_size 8 # per-rank memory per engine (trl_marl.memory)
+    trl-marl estimate MODEL --num_agents 2 --world_size 8 # per-rank memory per engine (trl_marl.distributed.memory)
 
 A training command runs in this process unless `--accelerate_config NAME|PATH` or `accelerate launch` flags
 (`--num_processes 2`, ...) are given: then it re-launches itself through `accelerate launch` (as `trl <algo>` does),
@@ -18,7 +18,7 @@ import os
 import sys
 from argparse import ArgumentParser, RawDescriptionHelpFormatter
 
-from .recipes import RECIPES
+from trl_marl.cli.recipes import RECIPES
 
 __all__ = ["main", "print_env"]
 
@@ -56,8 +56,8 @@ def _subtract_subsequence(items: list[str], sub: list[str]) -> list[str]:
 
 
 def _epilog() -> str:
-    from ..scripts import BUILTIN_TASKS
-    from .launching import available_configs
+    from trl_marl.cli.launch import available_configs
+    from trl_marl.cli.recipe_args import BUILTIN_TASKS
 
     return (
         f"built-in tasks (--task): {', '.join(BUILTIN_TASKS)}\n"
@@ -95,7 +95,7 @@ def print_env() -> None:
         except PackageNotFoundError:
             return "not installed"
 
-    from .. import __version__
+    from trl_marl import __version__
 
     devices = "cpu only"
     if torch.cuda.is_available():
@@ -134,15 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     if command == "env":
         print_env()
         return 0
-    if command == "estimate":  # trl_marl.memory: `trl-marl estimate MODEL --num_agents 2 --engine zero3 ...`
-        from ..memory import main as estimate_main
+    if (
+        command == "estimate"
+    ):  # trl_marl.distributed.memory: `trl-marl estimate MODEL --num_agents 2 --engine zero3 ...`
+        from trl_marl.distributed.memory import main as estimate_main
 
         return estimate_main(rest)
     if command not in RECIPES:
         parser.error(f"unknown command {command!r}; choose from {', '.join([*RECIPES, *TOOLS])}")
     rest, accelerate_config = _split_accelerate_config(rest)
 
-    from .recipes import make_parser
+    from trl_marl.cli.recipes import make_parser
 
     # Handles --help (exits). What the recipe's parser does not know goes to `accelerate launch`.
     *_, config_remaining, cli_remaining = make_parser(command).parse_args_and_config(
@@ -150,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     launch_args = config_remaining + cli_remaining
     if accelerate_config is None and not launch_args:
-        from .recipes import run_command
+        from trl_marl.cli.recipes import run_command
 
         run_command(command, rest)
         return 0
 
-    from .launching import launch, resolve_accelerate_config
+    from trl_marl.cli.launch import launch, resolve_accelerate_config
 
     if accelerate_config is not None:
         launch_args = ["--config_file", resolve_accelerate_config(accelerate_config), *launch_args]

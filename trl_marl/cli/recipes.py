@@ -2,7 +2,7 @@
 
 Each recipe names its trainer and config (imported lazily, so `trl-marl --help` is fast), the recipe's own defaults,
 and the defaults of the no-model run on the tiny local model. `run_command(name, argv)` parses the flags with TRL's
-`TrlParser` (every config field is a flag and a `--config` YAML key) and runs `trl_marl.scripts.run_recipe`.
+`TrlParser` (every config field is a flag and a `--config` YAML key) and runs `trl_marl.cli.recipe_args.run_recipe`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..scripts import RecipeArguments, critic_source, explicit_flags, parse_recipe_args, run_recipe
+from trl_marl.cli.recipe_args import RecipeArguments, critic_source, explicit_flags, parse_recipe_args, run_recipe
 
 __all__ = ["Recipe", "RECIPES", "MAGRPOScriptArguments", "make_parser", "run_command"]
 

@@ -39,15 +39,16 @@ import torch
 from packaging.version import Version
 from torch import nn
 
-from ..rollout import GenerationOutput
+from trl_marl.data_types.rollout import GenerationOutput
 
 if TYPE_CHECKING:
-    from ..trainers.base import MultiAgentTrainer
+    from trl_marl.trainers.base import MultiAgentTrainer
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "SUPPORTED_VLLM_VERSIONS",
+    "VLLM_MODES",
     "VLLM_DISTRIBUTIONS",
     "VLLMTeamGeneration",
     "check_vllm_available",
@@ -56,6 +57,8 @@ __all__ = [
     "validate_vllm_args",
 ]
 
+# TRL's `vllm_mode` values.
+VLLM_MODES = ("colocate", "server")
 # TRL 1.16's supported range (`trl.import_utils.is_vllm_available`).
 SUPPORTED_VLLM_VERSIONS = ("0.22.0", "0.31.0")
 # Distributions that install the `vllm` module: the CUDA build and the CPU build.
@@ -113,8 +116,6 @@ def check_vllm_available() -> str:
 def validate_vllm_args(args: Any) -> None:
     """Config checks of the vLLM fields (called by `MultiAgentConfig` when `use_vllm=True`); ValueError naming the
     field and its allowed values."""
-    from ..trainers.config import VLLM_MODES
-
     if args.vllm_mode not in VLLM_MODES:
         raise ValueError(f"vllm_mode must be one of {list(VLLM_MODES)}, got {args.vllm_mode!r}")
     if args.vllm_mode == "server":
@@ -423,7 +424,7 @@ class VLLMTeamGeneration:
                 requests += [self._lora_requests[i]] * len(ids)
                 owners += [i] * len(ids)
             params = self._sampling_params(G, trainer.eos_ids[0], greedy, want_logprobs)
-            results = (  # no rows: a process in step with the others (trl_marl.collective)
+            results = (  # no rows: a process in step with the others (trl_marl.distributed.collective)
                 self.engines[0].generate(
                     [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False, lora_request=requests
                 )
@@ -439,7 +440,7 @@ class VLLMTeamGeneration:
                 params = self._sampling_params(G, trainer.eos_ids[i], greedy, want_logprobs)
                 per_agent.append(
                     self.engines[i].generate([{"prompt_token_ids": r} for r in ids], params, use_tqdm=False)
-                    if ids  # no prompts: a process in step with the others (trl_marl.collective)
+                    if ids  # no prompts: a process in step with the others (trl_marl.distributed.collective)
                     else []
                 )
         self.generate_seconds += time.perf_counter() - t0
@@ -487,7 +488,8 @@ class VLLMTeamGeneration:
     def _record_logprob_gap(self, outputs: list[GenerationOutput]) -> None:
         """Log |trainer log-prob - vLLM sampled log-prob| over completion tokens (TRL's
         `sampling/sampling_logp_difference/{mean,max}`; NaN entries, tokens vLLM did not score, are left out)."""
-        from ..team import agent_token_logprobs, collate_agent_batch
+        from trl_marl.data_types.batches import collate_agent_batch
+        from trl_marl.models.team import agent_token_logprobs
 
         trainer = self.trainer
         metrics = trainer._metrics["train"]

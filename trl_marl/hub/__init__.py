@@ -20,9 +20,9 @@ a card, `team.json` or an uploaded file, and `training_args.bin` -- a pickle tha
 `hub_private_repo`, `hub_revision`, `hub_always_push` and `hub_strategy` (see `HUB_STRATEGIES`).
 """
 
-from .cards import build_agent_card, build_team_card, write_model_cards
-from .loader import AgentTeam
-from .push import (
+from trl_marl.hub.cards import build_agent_card, build_team_card, write_model_cards
+from trl_marl.hub.loader import AgentTeam
+from trl_marl.hub.push import (
     init_trainer_repos,
     push_team_to_hub,
     push_trainer,
@@ -30,7 +30,7 @@ from .push import (
     trainer_repo_ids,
     write_trainer_cards,
 )
-from .settings import (
+from trl_marl.hub.settings import (
     CARD_FILE,
     DOWNLOAD_IGNORE,
     HUB_STRATEGIES,

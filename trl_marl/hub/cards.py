@@ -9,8 +9,8 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard
 
-from .papers import paper_of
-from .settings import (
+from trl_marl.hub.papers import paper_of
+from trl_marl.hub.settings import (
     _HUB_ID,
     CARD_FILE,
     TEAM_FILE,

@@ -11,12 +11,10 @@ from typing import Any
 import huggingface_hub
 from huggingface_hub.errors import RepositoryNotFoundError
 
-from ..import_utils import require_extra
-from ..state_files import CorruptedStateError
-from ..team import eos_token_ids, render_prompt
-from .cards import write_model_cards
-from .push import push_team_to_hub
-from .settings import (
+from trl_marl.checkpointing.state_files import CorruptedStateError
+from trl_marl.hub.cards import write_model_cards
+from trl_marl.hub.push import push_team_to_hub
+from trl_marl.hub.settings import (
     DOWNLOAD_IGNORE,
     TEAM_FILE,
     TEAM_FILE_FIX,
@@ -25,6 +23,9 @@ from .settings import (
     agent_repo_id,
     read_team_description,
 )
+from trl_marl.models.loading import eos_token_ids
+from trl_marl.rollout.prompts import render_prompt
+from trl_marl.utils.import_utils import require_extra
 
 
 def _is_agent_folder(folder: str) -> bool:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import huggingface_hub
 from huggingface_hub import HfApi
 
-from .cards import write_model_cards
-from .settings import (
+from trl_marl.hub.cards import write_model_cards
+from trl_marl.hub.settings import (
     CARD_FILE,
     HUB_TEAM_LAYOUTS,
     TEAM_FILE,
@@ -37,7 +37,7 @@ _APIS: dict[str, HfApi] = {}
 
 def _api() -> HfApi:
     """One `HfApi` per endpoint (so `run_as_future` pushes are queued one after the other, as in transformers)."""
-    from .. import __version__
+    from trl_marl import __version__
 
     endpoint = huggingface_hub.constants.ENDPOINT
     if endpoint not in _APIS:

@@ -11,8 +11,8 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from ..config_secrets import redact_secrets
-from .papers import paper_of
+from trl_marl.hub.papers import paper_of
+from trl_marl.utils.secrets import redact_secrets
 
 TEAM_FILE = "team.json"
 CARD_FILE = "README.md"
@@ -117,7 +117,7 @@ def safe_training_config(args: Any) -> dict[str, Any]:
             continue
         if _is_secret_name(name) or name.endswith(("_dir", "_path", "_devices")):
             continue
-        value = redact_secrets(_jsonable(getattr(args, name, None)))  # trl_marl.config_secrets: what slipped through
+        value = redact_secrets(_jsonable(getattr(args, name, None)))  # trl_marl.utils.secrets: what slipped through
         if secret_value and secret_value in json.dumps(value):
             continue
         out[name] = value
@@ -181,9 +181,9 @@ _AGENT_FOLDER_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 def read_team_description(folder: str | os.PathLike) -> dict | None:
     """`team.json` of `folder` (validated by `validate_team_description`), or None when there is none.
 
-    A truncated or invalid file, a missing or mistyped field raises `trl_marl.state_files.CorruptedStateError` naming
+    A truncated or invalid file, a missing or mistyped field raises `trl_marl.checkpointing.state_files.CorruptedStateError` naming
     the file, what is wrong and what to do -- never a bare `JSONDecodeError` / `KeyError`."""
-    from ..state_files import read_json_state
+    from trl_marl.checkpointing.state_files import read_json_state
 
     path = os.path.join(folder, TEAM_FILE)
     if not os.path.isfile(path):
@@ -196,7 +196,7 @@ def validate_team_description(description: dict, path: str) -> dict:
     agent; `folder` a plain folder name inside the team folder, `role` / `source` / `formatter` strings), the optional
     fields' types, and the `hub` entry of a per-agent repo (`layout`, `agent_index` in range of `repo_ids`).
     Returns `description`; raises `CorruptedStateError` otherwise."""
-    from ..state_files import CorruptedStateError, require
+    from trl_marl.checkpointing.state_files import CorruptedStateError, require
 
     fix = TEAM_FILE_FIX
     n = require(description, "num_agents", int, path, fix)

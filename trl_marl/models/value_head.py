@@ -21,21 +21,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from ..team import AgentBatch, TeamModel, forward_completions, masked_mean_entropy
+from trl_marl.data_types.batches import AgentBatch, CriticBatch
+from trl_marl.models.team import TeamModel, forward_completions, masked_mean_entropy
 
 __all__ = [
     "ValueHead",
     "CausalLMWithValueHead",
-    "CriticBatch",
     "ActorCriticTeam",
-    "collate_critic_batch",
     "load_critic",
     "load_critics",
     "check_critic_tokenizer",
@@ -184,35 +182,6 @@ class CausalLMWithValueHead(nn.Module):
         """Load a critic written by `save_pretrained` (`kwargs` go to `AutoModelForCausalLM.from_pretrained`)."""
         model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
         return cls(model, value_head=load_value_head(str(folder)))
-
-
-@dataclass
-class CriticBatch:
-    """Left-padded critic inputs: the value of row r is read at its last position."""
-
-    input_ids: torch.Tensor  # (B, L)
-    attention_mask: torch.Tensor  # (B, L)
-
-    def to(self, device: torch.device | str) -> CriticBatch:
-        return CriticBatch(self.input_ids.to(device), self.attention_mask.to(device))
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-
-def collate_critic_batch(sequences: Sequence[torch.Tensor], pad_token_id: int) -> CriticBatch:
-    """Left-pad unpadded token-id sequences into a `CriticBatch`."""
-    if not sequences:
-        raise ValueError("a critic batch needs at least one sequence")
-    L = max(max(int(s.numel()) for s in sequences), 1)
-    ids = torch.full((len(sequences), L), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), L), dtype=torch.long)
-    for r, s in enumerate(sequences):
-        n = int(s.numel())
-        if n:
-            ids[r, L - n :] = s
-            mask[r, L - n :] = 1
-    return CriticBatch(ids, mask)
 
 
 def agent_logprobs_and_values(

@@ -44,7 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ..config_secrets import check_no_secrets
+from trl_marl.utils.secrets import check_no_secrets
 
 __all__ = [
     "FORMATS",
@@ -194,7 +194,7 @@ class APIClientConfig:
         max_response_bytes: largest response body accepted (checked while streaming; a larger one fails the request
             at once, without retries).
         headers: extra request headers (no credential headers: `Authorization`, `X-Api-Key`, `X-Auth-Token`, `Cookie`,
-            any name with token / secret / key / auth, ... are rejected; see `trl_marl.config_secrets`). The URL's
+            any name with token / secret / key / auth, ... are rejected; see `trl_marl.utils.secrets`). The URL's
             query parameters and `extra_body` keys are held to the same rule.
         extra_body: extra top-level request fields, merged last; a field set to None removes a default field
             (for example `{"max_tokens": None, "max_completion_tokens": 512}` for OpenAI reasoning models).
@@ -239,7 +239,7 @@ class APIClientConfig:
             raise ValueError(f"comparator_api_headers must be a mapping, got {type(self.headers).__name__}")
         if self.extra_body is not None and not isinstance(self.extra_body, Mapping):
             raise ValueError(f"comparator_api_extra_body must be a mapping, got {type(self.extra_body).__name__}")
-        # the URL, headers and body fields must not carry credentials (trl_marl.config_secrets decides what is one)
+        # the URL, headers and body fields must not carry credentials (trl_marl.utils.secrets decides what is one)
         check_no_secrets("comparator_api", self.url, self.headers, self.extra_body, "comparator_api_key_env")
         if self.headers:
             self.headers = {str(k): str(v) for k, v in self.headers.items()}
@@ -727,7 +727,7 @@ class APIClient:
 
     def _configured_secrets(self) -> list[str]:
         """Values of configured fields that look like secrets (`trl_marl.secrets`), redacted from quoted text too."""
-        from ..config_secrets import secret_values
+        from trl_marl.utils.secrets import secret_values
 
         return secret_values(self.config.url, self.config.headers, self.config.extra_body)
 

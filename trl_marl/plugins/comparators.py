@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from ..centralized import CentralizedParseError, TaggedCentralizedAdapter
-from ..team import CompletionText, PromptText, ended_with_eos, eos_token_ids
+from trl_marl.data_types.text import CompletionText, PromptText
+from trl_marl.models.loading import ended_with_eos, eos_token_ids
+from trl_marl.rollout.centralized import CentralizedParseError, TaggedCentralizedAdapter
 
 __all__ = [
     "ModelComparator",
@@ -102,7 +103,7 @@ class ModelComparator:
 
                 def text(i: int, r: int) -> str:
                     # the text, how it ended (which EOS, or cut) and its exact ids, so the trainer scores exactly
-                    # the generated tokens (trl_marl.team.completion_token_ids)
+                    # the generated tokens (trl_marl.models.loading.completion_token_ids)
                     if r >= len(outs[i].completion_ids):  # a sampler that reports texts only
                         return outs[i].texts[r]
                     ids = outs[i].completion_ids[r]
@@ -145,7 +146,7 @@ class CurrentComparator(ModelComparator):
 
         from trl.models.utils import unwrap_model_for_generation
 
-        from ..zero3 import hooks_removed
+        from trl_marl.distributed.zero3 import hooks_removed
 
         # the live agents may be sharded: as the trainer's own generation (`MultiAgentTrainer.generate`), no
         # whole-team gather under ZeRO-3 (`generate_with` gathers one agent at a time; a team gather around it
@@ -374,7 +375,7 @@ class APIComparator:
     name = "api"
 
     def __init__(self, args: Any):
-        from .api_clients import APIClient, APIClientConfig
+        from trl_marl.plugins.api_clients import APIClient, APIClientConfig
 
         mode = getattr(args, "comparator_generation_mode", "decentralized")
         if mode not in GENERATION_MODES:

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from .registry import REPLAY_GROUP, load_plugin
+from trl_marl.plugins.registry import REPLAY_GROUP, load_plugin
 
 __all__ = [
     "Record",

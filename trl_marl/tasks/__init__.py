@@ -7,31 +7,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .base import Task
+from trl_marl.tasks.base import Task
 
 __all__ = ["Task", "TASKS", "load_task"]
 
 
 def _length_ratio(**kw) -> Task:
-    from .toy import length_ratio_task
+    from trl_marl.tasks.toy import length_ratio_task
 
     return length_ratio_task(**kw)
 
 
 def _coordination(**kw) -> Task:
-    from .toy import coordination_task
+    from trl_marl.tasks.toy import coordination_task
 
     return coordination_task(**kw)
 
 
 def _code(**kw) -> Task:
-    from .code import code_task
+    from trl_marl.tasks.code import code_task
 
     return code_task(**kw)
 
 
 def _writing(**kw) -> Task:
-    from .writing import writing_task
+    from trl_marl.tasks.writing import writing_task
 
     return writing_task(**kw)
 

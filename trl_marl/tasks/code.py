@@ -71,8 +71,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ..sandbox import SandboxLimits, SandboxSession
-from .base import Task
+from trl_marl.sandbox import SandboxLimits, SandboxSession
+from trl_marl.tasks.base import Task
 
 __all__ = [
     "AUX_NAME",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 
-from .base import Task
+from trl_marl.tasks.base import Task
 
 __all__ = ["length_ratio_reward", "coordination_reward", "length_ratio_task", "coordination_task", "TOPICS"]
 

@@ -35,7 +35,7 @@ import re
 from collections.abc import Sequence
 from importlib import resources
 
-from .base import Task
+from trl_marl.tasks.base import Task
 
 __all__ = [
     "MAX_REWARD",

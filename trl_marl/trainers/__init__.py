@@ -1,6 +1,6 @@
 """Trainers: one `XConfig` + `XTrainer` pair per algorithm, all on `MultiAgentTrainer`."""
 
-from .actor_critic import (
+from trl_marl.trainers.actor_critic import (
     IACConfig,
     IACTrainer,
     MAACConfig,
@@ -8,9 +8,9 @@ from .actor_critic import (
     MAPPOConfig,
     MAPPOTrainer,
 )
-from .base import MultiAgentTrainer
-from .config import MultiAgentConfig
-from .reinforce import (
+from trl_marl.trainers.base import MultiAgentTrainer
+from trl_marl.trainers.config import MultiAgentConfig
+from trl_marl.trainers.reinforce import (
     MAGRPOConfig,
     MAGRPOTrainer,
     MAREINFORCEConfig,

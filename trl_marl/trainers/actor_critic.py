@@ -35,28 +35,28 @@ from transformers import PreTrainedModel, TrainerCallback
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import disable_dropout_in_model
 
-from ..algorithms.advantages import RunningMeanStd, linked_gae, normalize_in_groups, popart_rescale, td_targets
-from ..algorithms.logprobs import sequence_logprobs
-from ..algorithms.losses import policy_gradient_loss, ppo_clip_loss, value_loss
-from ..models.value_head import (
+from trl_marl.algorithms.advantages import RunningMeanStd, linked_gae, normalize_in_groups, popart_rescale, td_targets
+from trl_marl.algorithms.logprobs import sequence_logprobs
+from trl_marl.algorithms.losses import policy_gradient_loss, ppo_clip_loss, value_loss
+from trl_marl.checkpointing.state_files import CorruptedStateError, read_json_state
+from trl_marl.data_types.batches import AgentBatch, CriticBatch, collate_critic_batch
+from trl_marl.data_types.critic import CriticData, Transitions, ValueStream, build_transitions
+from trl_marl.data_types.rollout import Rollout
+from trl_marl.models.loading import MODEL_CONFIG_KEYS
+from trl_marl.models.value_head import (
     CRITIC_TYPES,
     VALUE_HEAD_WEIGHTS,
     ActorCriticTeam,
     CausalLMWithValueHead,
-    CriticBatch,
     ValueHead,
     check_critic_tokenizer,
-    collate_critic_batch,
     hidden_size_of,
     load_critics,
     load_value_head,
     save_value_head,
 )
-from ..rollout import Rollout
-from ..state_files import CorruptedStateError, read_json_state
-from ..team import MODEL_CONFIG_KEYS, AgentBatch
-from .base import MultiAgentTrainer, _decay_groups, _load_agent_weights
-from .config import MultiAgentConfig
+from trl_marl.trainers.base import MultiAgentTrainer, _decay_groups, _load_agent_weights
+from trl_marl.trainers.config import MultiAgentConfig
 
 __all__ = [
     "ActorCriticConfig",
@@ -318,68 +318,6 @@ class MAPPOConfig(MAACConfig):
         need(not self.popart or self.value_normalization, "popart=True needs value_normalization=True")
 
 
-# ==================================================================================================== transitions
-@dataclass
-class Transitions:
-    """The steps of a rollout seen by one value stream: one step per joint action `(node, j)`, in node order.
-
-    Every stream of a rollout has the same steps in the same order (so agent i's samples, listed node by node,
-    line up with them); streams differ only in their rewards. A step's successor is the joint action of the next
-    turn on the same trajectory (`next_index > index`), or -1 for the last collected turn.
-    """
-
-    node: list[int]
-    joint: list[int]
-    item: list[int]
-    turn: list[int]
-    rewards: torch.Tensor  # (S,) reward minus reference-KL penalty
-    next_index: torch.Tensor  # (S,) long; -1: no successor, no bootstrap
-
-    def __len__(self) -> int:
-        return len(self.node)
-
-    @property
-    def has_next(self) -> torch.Tensor:
-        return self.next_index >= 0
-
-
-def build_transitions(rollout: Rollout, agent: int | None = None) -> Transitions:
-    """Turn a rollout into the transitions of one value stream.
-
-    The reward of step `(node, j)` is
-
-        r = r_{j,i} - penalty_i                     for the stream of agent i (`agent=i`)
-        r = mean_i ( r_{j,i} - penalty_i )          for the team stream (`agent=None`)
-
-    where `r_{j,i}` is the processed reward of joint action j (the shared reward, or agent i's entry of per-agent
-    rewards) and `penalty_i` the reference-KL penalty of agent i's sample in it. The successor is the first joint
-    action of the child node that joint action j spawned (one trajectory per item: the child has one joint action).
-    """
-    n = rollout.num_agents
-    index: dict[tuple[int, int], int] = {}
-    nodes, joints, items, turns, rewards = [], [], [], [], []
-    for node in rollout.nodes:
-        J = len(node.joint)
-        r = node.rewards if node.rewards.ndim == 2 else node.rewards.unsqueeze(1).expand(J, n)
-        for j, ks in enumerate(node.joint):
-            pens = torch.tensor([rollout.samples[node.samples[a][k]].penalty for a, k in enumerate(ks)])
-            shaped = r[j].to(torch.float32) - pens
-            index[(node.id, j)] = len(nodes)
-            nodes.append(node.id)
-            joints.append(j)
-            items.append(node.item)
-            turns.append(node.turn)
-            rewards.append(shaped.mean() if agent is None else shaped[agent])
-    next_index = torch.full((len(nodes),), -1, dtype=torch.long)
-    for s, (nid, j) in enumerate(zip(nodes, joints)):
-        child = rollout.nodes[nid].children.get(j)
-        if child is not None:
-            if len(rollout.nodes[child].joint) != 1:
-                raise ValueError("actor-critic transitions need one joint action per node after the first turn")
-            next_index[s] = index[(child, 0)]
-    return Transitions(nodes, joints, items, turns, torch.stack(rewards) if rewards else torch.zeros(0), next_index)
-
-
 def joint_critic_text(prompts: Sequence[str], completions: Sequence[str] | None = None) -> str:
     """The centralized critic's input text: every agent's prompt, tagged, plus the joint action for a Q critic.
 
@@ -394,36 +332,6 @@ def joint_critic_text(prompts: Sequence[str], completions: Sequence[str] | None 
         lines.append("[Joint Action]")
         lines += [f"[Agent {i + 1}] {c}" for i, c in enumerate(completions)]
     return "\n".join(lines)
-
-
-@dataclass
-class ValueStream:
-    """One critic's value estimates and the agents whose advantages they give.
-
-    `module` indexes `team.critics` (a separate critic) or is None (the value head on agent `agents[0]`).
-    `reward_agent` is None for the team reward. `joint` critics read the joint text, the others the agent's own
-    tokens.
-    """
-
-    name: str
-    agents: list[int]
-    reward_agent: int | None
-    joint: bool
-    module: int | None
-
-
-@dataclass
-class CriticData:
-    """What a rollout leaves for its update, frozen: per stream, the critic inputs, rollout-time predictions and
-    targets (in the critic's output space); per agent, the (normalized) advantages and, for PPO, the rollout-time
-    token log-probs. Indexed by step (see `Transitions`)."""
-
-    items: list[int]
-    targets: list[torch.Tensor]
-    old_values: list[torch.Tensor]
-    critic_inputs: list[list[torch.Tensor] | None]
-    advantages: list[torch.Tensor]
-    old_logprobs: list[list[torch.Tensor]] | None = None
 
 
 _AGENT_COPY = object()  # IAC default critic source: a separately loaded copy of the agent's own model
@@ -441,6 +349,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     `reward_func` may return one float per joint action (shared) or one list of `num_agents` floats (per agent).
     """
+
+    resume_types = (CriticData, Transitions, ValueStream, CriticBatch)
 
     baseline = None
     supports_per_agent_rewards = True
@@ -1151,7 +1061,7 @@ def _split_model_config(model_config: Any, args: ActorCriticConfig) -> tuple[Any
     """Separate the critic options of `model_config` (the reference library's `critic_value_head_hidden_dim` and
     `critic_model_kwargs`) from the agents' loading options; returns `(agents' model_config, critic loading kwargs)`.
     """
-    from ..team import loading_kwargs
+    from trl_marl.models.loading import loading_kwargs
 
     if not isinstance(model_config, dict):
         return model_config, loading_kwargs(model_config)

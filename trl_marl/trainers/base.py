@@ -33,10 +33,9 @@ from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
-from ..adapters import AdapterDisabled, build_shared_base, mixed_adapter_generate, wrap_agents_with_peft
-from ..algorithms.logprobs import completion_mask
-from ..algorithms.losses import k3_kl
-from ..checkpoint import (
+from trl_marl.algorithms.logprobs import completion_mask
+from trl_marl.algorithms.losses import k3_kl
+from trl_marl.checkpointing.checkpoint import (
     PREEMPTED_EXIT_CODE,
     CheckpointError,
     PreemptionHandler,
@@ -44,10 +43,23 @@ from ..checkpoint import (
     resolve_resume_checkpoint,
     save_checkpoint_atomically,
 )
-from ..collective import even_chunks, is_sharded
-from ..config_secrets import redacted_args
-from ..fsdp import enable_fsdp_on_cpu, gathered_for_generation, is_fsdp2, shard_module, shard_team
-from ..hub import (
+from trl_marl.data_types.batches import AgentBatch, collate_agent_batch
+from trl_marl.data_types.rng import RNGStreams
+from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample
+from trl_marl.data_types.text import UNKNOWN_EOS, PromptText
+from trl_marl.distributed.collective import even_chunks, is_sharded
+from trl_marl.distributed.fsdp import enable_fsdp_on_cpu, gathered_for_generation, is_fsdp2, shard_module, shard_team
+from trl_marl.distributed.memory import return_freed_tensors_to_os
+from trl_marl.distributed.zero3 import (
+    fill_bucket_sizes,
+    is_zero3,
+    zero3_frozen_copy,
+    zero3_init_enabled,
+    zero3_init_flag_honoured,
+)
+from trl_marl.distributed.zero3 import gathered as zero3_gathered
+from trl_marl.distributed.zero3 import hooks_removed as zero3_hooks_removed
+from trl_marl.hub import (
     agent_role,
     clear_saved_team,
     init_trainer_repos,
@@ -56,31 +68,22 @@ from ..hub import (
     team_metadata,
     write_trainer_cards,
 )
-from ..memory import return_freed_tensors_to_os
-from ..metrics import log_completions_table, rollout_num_tokens, team_means_of_agent_metrics, team_rollout_metrics
-from ..progress import progress_bar, trainer_shows_progress
-from ..rewards import RewardFunction
-from ..rng import RNGStreams
-from ..rollout import GenerationOutput, JointRollout, Rollout
-from ..team import (
-    UNKNOWN_EOS,
-    AgentBatch,
-    PromptText,
-    TeamModel,
-    collate_agent_batch,
-    completion_token_ids,
-    ended_with_eos,
-    eos_token_ids,
-    load_agents,
-    load_tokenizers,
-    render_prompt,
-    resolve_formatters,
+from trl_marl.models.adapters import AdapterDisabled, build_shared_base, mixed_adapter_generate, wrap_agents_with_peft
+from trl_marl.models.loading import completion_token_ids, ended_with_eos, eos_token_ids, load_agents, load_tokenizers
+from trl_marl.models.team import TeamModel
+from trl_marl.rewards import RewardFunction
+from trl_marl.rollout.engine import JointRollout
+from trl_marl.rollout.prompts import render_prompt, resolve_formatters
+from trl_marl.trainers.config import MultiAgentConfig
+from trl_marl.trainers.metrics import (
+    log_completions_table,
+    rollout_num_tokens,
+    team_means_of_agent_metrics,
+    team_rollout_metrics,
 )
-from ..zero3 import fill_bucket_sizes, is_zero3, zero3_frozen_copy, zero3_init_enabled, zero3_init_flag_honoured
-from ..zero3 import gathered as zero3_gathered
-from ..zero3 import hooks_removed as zero3_hooks_removed
-from .config import MultiAgentConfig
-from .names import accept_trl_names
+from trl_marl.trainers.names import accept_trl_names
+from trl_marl.utils.progress import progress_bar, trainer_shows_progress
+from trl_marl.utils.secrets import redacted_args
 
 __all__ = ["MultiAgentTrainer", "RolloutSampler"]
 
@@ -176,6 +179,14 @@ class MultiAgentTrainer(_BaseTrainer):
     supports_shared_base = True  # agents as adapters on one base model (share_base_model=True)
     # The group baseline of assign_returns; None for critic-based trainers.
     baseline: str | None = "mean"
+    # Classes a checkpoint's resume state may hold besides tensors and containers (the `weights_only` allowlist of
+    # trl_marl.checkpointing); a subclass lists the ones it adds, `all_resume_types` collects them over the MRO.
+    resume_types: tuple[type, ...] = (Rollout, Node, Sample, GenerationOutput, PromptText, AgentBatch)
+
+    @classmethod
+    def all_resume_types(cls) -> tuple[type, ...]:
+        """Every `resume_types` entry of this class and its bases (mixins included)."""
+        return tuple(dict.fromkeys(t for c in cls.__mro__ for t in c.__dict__.get("resume_types", ())))
 
     @classmethod
     def _checked_args(cls, args: MultiAgentConfig | None) -> MultiAgentConfig:
@@ -266,16 +277,16 @@ class MultiAgentTrainer(_BaseTrainer):
                 )
         self._check_config(args)
         if args.use_vllm:  # before any model loads: a clear error when vLLM is missing or unsupported
-            from ..generation.vllm_backend import check_vllm_available
+            from trl_marl.generation.vllm_backend import check_vllm_available
 
             check_vllm_available()
         if wandb_config:
             _apply_wandb_config(args, wandb_config)
 
         # ---- the team ----
-        if args.world_size > 1 and args.device.type == "cpu":  # weights in host memory (trl_marl.memory)
+        if args.world_size > 1 and args.device.type == "cpu":  # weights in host memory (trl_marl.distributed.memory)
             return_freed_tensors_to_os()
-        # agents and critics loaded partitioned only with zero3_init_flag (trl_marl.zero3)
+        # agents and critics loaded partitioned only with zero3_init_flag (trl_marl.distributed.zero3)
         with zero3_init_flag_honoured(args):
             sources = [agent_model] * n if agents is None else agents
             shared = None
@@ -346,12 +357,12 @@ class MultiAgentTrainer(_BaseTrainer):
         self.train_rollout_engine = self.rollout_engine
         self.reference_models = self._build_references() if args.reference_kl_enabled else None
         if is_fsdp2(self.accelerator):
-            # shard the team before the optimizer is built (trl_marl.fsdp: per layer, per agent, then the team)
+            # shard the team before the optimizer is built (trl_marl.distributed.fsdp: per layer, per agent, then the team)
             shard_team(self.model, self.accelerator)
         self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._buffered: list | None = None
         self._step = 0
-        # one random stream per purpose (trl_marl.rng); saved with every checkpoint
+        # one random stream per purpose (trl_marl.data_types.rng); saved with every checkpoint
         self.rng_streams = RNGStreams(
             args.seed, self.accelerator.process_index, [self.agent_device(i) for i in range(n)]
         )
@@ -362,13 +373,13 @@ class MultiAgentTrainer(_BaseTrainer):
         self.add_callback(_PreemptionCallback(self))
         self.vllm_generation = None  # use_vllm: the colocated engines (trl_marl.generation.vllm_backend)
         if args.use_vllm:
-            from ..generation.vllm_backend import VLLMTeamGeneration
+            from trl_marl.generation.vllm_backend import VLLMTeamGeneration
 
             self.vllm_generation = VLLMTeamGeneration(self)
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
-        if enable_fsdp_on_cpu(self.accelerator):  # FSDP2 over gloo on a CPU-only machine (trl_marl.fsdp)
+        if enable_fsdp_on_cpu(self.accelerator):  # FSDP2 over gloo on a CPU-only machine (trl_marl.distributed.fsdp)
             self.is_fsdp_enabled = True
 
     def __init_subclass__(cls, **kwargs):
@@ -418,7 +429,7 @@ class MultiAgentTrainer(_BaseTrainer):
         devs = self.args.reference_devices
         refs = []
         for i, agent in enumerate(team.agents):
-            # agents built inside deepspeed.zero.Init (zero3_init_flag) are copied partitioned (trl_marl.zero3)
+            # agents built inside deepspeed.zero.Init (zero3_init_flag) are copied partitioned (trl_marl.distributed.zero3)
             ref = zero3_frozen_copy(agent) if zero3_init_enabled() else copy.deepcopy(agent)
             ref = ref.eval()
             for p in ref.parameters():
@@ -635,7 +646,7 @@ class MultiAgentTrainer(_BaseTrainer):
             with self._gathered_for_generation(models[i]):  # this agent only, for the whole generate call
                 if len(prompts_per_agent[i]):
                     return _run(i, *encoded[i], configs[i])
-                if synced[i]:  # no prompts here (trl_marl.collective): greedy (no random draw), discarded
+                if synced[i]:  # no prompts here (trl_marl.distributed.collective): greedy (no random draw), discarded
                     ids = torch.full((1, 1), tokenizers[i].pad_token_id, dtype=torch.long)
                     placeholder = self._generation_config(i, 1, tokenizers[i], eos_ids[i], greedy=True)
                     _run(i, ids, torch.ones_like(ids), placeholder)
@@ -675,7 +686,7 @@ class MultiAgentTrainer(_BaseTrainer):
     def collective_generation(self) -> bool:
         """Whether generating (and scoring with a sharded model) is a collective: ZeRO-3 or FSDP2 with more than one
         process. Then every process must make the same calls in the same order; the trainer keeps them in step
-        (`trl_marl.collective`): a process with less work makes the same calls with no rows."""
+        (`trl_marl.distributed.collective`): a process with less work makes the same calls with no rows."""
         return self.accelerator.num_processes > 1 and (self._zero3() or is_fsdp2(self.accelerator))
 
     def _gathered_for_generation(self, model: torch.nn.Module):
@@ -722,7 +733,7 @@ class MultiAgentTrainer(_BaseTrainer):
         """Token ids of a completion given as text (a comparator's, or one re-read from a round file), as agent i
         scores it: exactly the generated ids for a comparator sample of agent i's tokenizer, else the text's ids plus
         the EOS it ended with (`eos_token`, or a `CompletionText`'s own), none when it was cut at `max_new_tokens`
-        (see `trl_marl.team.completion_token_ids`)."""
+        (see `trl_marl.models.loading.completion_token_ids`)."""
         return completion_token_ids(
             self.tokenizers[i], text, self.eos_ids[i], self.args.max_completion_length, eos_token
         )
@@ -747,7 +758,7 @@ class MultiAgentTrainer(_BaseTrainer):
             if not samples:
                 continue
             batch = self.agent_batch(i, samples)
-            from ..team import agent_token_logprobs
+            from trl_marl.models.team import agent_token_logprobs
 
             T = self.args.temperature  # both policies scored at the sampling temperature (as TRL's GRPO)
             logp = agent_token_logprobs(team.agents[i], batch, T)
@@ -828,7 +839,7 @@ class MultiAgentTrainer(_BaseTrainer):
             self.rng_streams.load_state_dict(torch.load(path, weights_only=True))
 
     def _assign_returns(self, rollout: Rollout) -> None:
-        from ..rollout import assign_returns
+        from trl_marl.rollout.engine import assign_returns
 
         assign_returns(rollout, self.args.discount, self.baseline, self._normalize_advantages())
 
@@ -1038,7 +1049,7 @@ class MultiAgentTrainer(_BaseTrainer):
                 rollout = self.rollout_engine.run(items, self.generate, num_generations=1, greedy_baseline=False)
                 if not items:  # an empty batch, run in step with the other processes: nothing to record
                     continue
-                from ..rollout import assign_returns
+                from trl_marl.rollout.engine import assign_returns
 
                 assign_returns(rollout, 1.0, None, False)
                 for node in rollout.nodes:
@@ -1101,12 +1112,12 @@ class MultiAgentTrainer(_BaseTrainer):
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
     def _restore_for_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
-        """Resolve the checkpoint (see `trl_marl.checkpoint.resolve_resume_checkpoint`) and restore this process's
+        """Resolve the checkpoint (see `trl_marl.checkpointing.checkpoint.resolve_resume_checkpoint`) and restore this process's
         resume state from it, once."""
         checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if checkpoint is None or checkpoint == self._restored_from:
             return checkpoint
-        state = load_resume_state(checkpoint, self.accelerator.process_index)
+        state = load_resume_state(checkpoint, self.accelerator.process_index, self.all_resume_types())
         saved_world = state.get("num_processes", self.accelerator.num_processes)
         if saved_world != self.accelerator.num_processes:
             raise CheckpointError(
@@ -1151,7 +1162,7 @@ class MultiAgentTrainer(_BaseTrainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """Crash-safe checkpoint: staging folder, fsync, completion marker, rename, then rotation
-        (`trl_marl.checkpoint.save_checkpoint_atomically`)."""
+        (`trl_marl.checkpointing.checkpoint.save_checkpoint_atomically`)."""
         save_checkpoint_atomically(self, trial)
 
     def _save_checkpoint_extra(self, folder: str) -> None:
@@ -1181,7 +1192,7 @@ class MultiAgentTrainer(_BaseTrainer):
         with open(os.path.join(output_dir, TEAM_FILE), "w", encoding="utf-8") as f:
             json.dump(self._team_description(), f, indent=2)
         write_trainer_cards(self, output_dir)
-        # the config as TrainingArguments pickles it, minus anything secret (trl_marl.config_secrets)
+        # the config as TrainingArguments pickles it, minus anything secret (trl_marl.utils.secrets)
         torch.save(redacted_args(self.args), os.path.join(output_dir, "training_args.bin"))
 
     def _save_extra(self, output_dir: str, state_dict: dict) -> None:
@@ -1251,7 +1262,7 @@ class MultiAgentTrainer(_BaseTrainer):
 def _check_formatters_on_first_items(formatters: Sequence[Callable], **datasets: Any) -> None:
     """Every agent's formatter on the first item of each dataset, at construction: a missing column fails now, naming
     the dataset, the agent and the formatter, not at the first evaluation after training."""
-    from ..rollout import formatter_failure
+    from trl_marl.rollout.prompts import formatter_failure
 
     for which, ds in datasets.items():
         if ds is None:
@@ -1300,7 +1311,7 @@ def _load_agent_weights(agent: torch.nn.Module, folder: str) -> None:
     `CorruptedStateError` naming it."""
     from safetensors.torch import load_file as _load_file
 
-    from ..state_files import CorruptedStateError
+    from trl_marl.checkpointing.state_files import CorruptedStateError
 
     fix = f"delete {os.path.dirname(os.path.abspath(folder))} and resume from the checkpoint before it"
 

@@ -16,12 +16,12 @@ if not torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") is None:
 
 from trl.trainer.base_config import _BaseConfig  # noqa: E402
 
-from ..rollout import JOINT_MODES  # noqa: E402
+from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
+from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
 
 __all__ = ["MultiAgentConfig", "PARALLEL_MODES"]
 
 PARALLEL_MODES = ("none", "mp")
-VLLM_MODES = ("colocate", "server")
 # `TrainingArguments.per_device_train_batch_size`'s default: any other value was set by the user
 _TRAINING_ARGS_DEFAULT_BATCH = next(f.default for f in fields(_BaseConfig) if f.name == "per_device_train_batch_size")
 
@@ -273,7 +273,7 @@ class MultiAgentConfig(_BaseConfig):
 
     def __post_init__(self):
         if self.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
-            from ..import_utils import require_extra
+            from trl_marl.utils.import_utils import require_extra
 
             require_extra("deepspeed")  # before transformers' own check, to name the extra
         self._resolve_deprecated_aliases()
@@ -366,10 +366,8 @@ class MultiAgentConfig(_BaseConfig):
         need(self.eval_interval is None or self.eval_interval >= 1, "eval_interval must be None or >= 1")
         need(self.eval_num_samples is None or self.eval_num_samples >= 1, "eval_num_samples must be None or >= 1")
         if self.use_vllm:
-            from ..generation.vllm_backend import validate_vllm_args
-
             validate_vllm_args(self)
-        from ..hub.settings import check_hub_settings
+        from trl_marl.hub.settings import check_hub_settings
 
         check_hub_settings(self.hub_team_layout, self.hub_strategy if self.push_to_hub else "end")
 

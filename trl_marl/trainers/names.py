@@ -68,7 +68,7 @@ def translate_trl_names(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
     reward_funcs = kwargs.pop("reward_funcs", None)
     if reward_funcs is not None:
         if isinstance(reward_funcs, (list, tuple)):
-            from ..rewards import weighted_sum
+            from trl_marl.rewards import weighted_sum
 
             config = kwargs.get("args")
             weights = getattr(config, "reward_weights", None)
@@ -89,7 +89,7 @@ def translate_trl_names(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _merge_model_init_kwargs(model_config: Any, init_kwargs: dict[str, Any]) -> dict[str, Any]:
     """`model_config` (dict or TRL `ModelConfig`) plus TRL's `model_init_kwargs` (`from_pretrained` keywords)."""
-    from ..team import MODEL_CONFIG_KEYS
+    from trl_marl.models.loading import MODEL_CONFIG_KEYS
 
     if model_config is not None and not isinstance(model_config, dict):  # trl.ModelConfig
         model_config = {

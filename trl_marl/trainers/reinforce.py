@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..algorithms.logprobs import sequence_logprobs
-from ..algorithms.losses import policy_gradient_loss
-from .base import MultiAgentTrainer
-from .config import MultiAgentConfig
+from trl_marl.algorithms.logprobs import sequence_logprobs
+from trl_marl.algorithms.losses import policy_gradient_loss
+from trl_marl.trainers.base import MultiAgentTrainer
+from trl_marl.trainers.config import MultiAgentConfig
 
 __all__ = [
     "MAGRPOConfig",
@@ -242,7 +242,7 @@ class MAReMaxTrainer(MAGRPOTrainer):
 
 class CentralizedMAGRPOTrainer(MAGRPOTrainer):
     """Centralized MAGRPO: ONE model writes all `args.num_agents` roles' outputs in one tagged completion
-    (`<agent_1>...</agent_1><agent_2>...</agent_2>`, see `trl_marl.centralized`). The completion is parsed into role
+    (`<agent_1>...</agent_1><agent_2>...</agent_2>`, see `trl_marl.rollout.centralized`). The completion is parsed into role
     outputs only to call the task reward; a parse failure gives every role an empty string and is counted in the
     metric `centralized/parse_failure_rate`. It is the single-model baseline for a decentralized team.
 
@@ -262,7 +262,7 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
         adapter=None,
         **kwargs,
     ):
-        from ..centralized import centralized_setup
+        from trl_marl.rollout.centralized import centralized_setup
 
         if args is None:
             args = self.config_class(output_dir="centralizedmagrpo-output")

@@ -1,6 +1,6 @@
 """Preference learning between joint responses: pairs, the joint reward model, MADPO and MARLHF."""
 
-from .iterative import (
+from trl_marl.trainers.preference.iterative import (
     MADPOIterConfig,
     MADPOIterTrainer,
     MARLHFIterConfig,
@@ -8,10 +8,10 @@ from .iterative import (
     MARLHFIterMAACTrainer,
     MARLHFIterTrainer,
 )
-from .madpo import MADPOConfig, MADPOTrainer, PreferenceConfig
-from .marlhf import MARLHFConfig, MARLHFIACTrainer, MARLHFMAACTrainer, MARLHFTrainer
-from .pairs import PreferencePair, select_pairs
-from .reward_model import JointRewardModel, joint_text
+from trl_marl.trainers.preference.madpo import MADPOConfig, MADPOTrainer, PreferenceConfig
+from trl_marl.trainers.preference.marlhf import MARLHFConfig, MARLHFIACTrainer, MARLHFMAACTrainer, MARLHFTrainer
+from trl_marl.trainers.preference.pairs import PreferencePair, select_pairs
+from trl_marl.trainers.preference.reward_model import JointRewardModel, joint_text
 
 __all__ = [
     "JointRewardModel",

@@ -10,7 +10,7 @@ the same update as one process with the same global batch.
   FSDP2, where a forward of the sharded reference is a collective); the values are gathered to every process.
 * Order (`merge_item_shares`): the `(item index, value)` entries of every process, gathered, in item order: the list
   one process collecting every item in order builds. Pair selection draws from a generator keyed by the item
-  (`trl_marl.rng.keyed_rng`), so N processes keep the same pairs as one, in one process's order.
+  (`trl_marl.data_types.rng.keyed_rng`), so N processes keep the same pairs as one, in one process's order.
 * Training batches (`global_batch_slices`, `GlobalBatchSampler`): each epoch's permutation of the pairs (seeded by
   the run's seed and the epoch, never by the process) is cut into global batches of `per_process x world` pairs,
   the last one filled up from the start of the permutation (every step has a full batch); process r trains on the
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils.data import DataLoader
 
-from ...rng import stream_seed
+from trl_marl.data_types.rng import stream_seed
 
 __all__ = [
     "collection_chunks",

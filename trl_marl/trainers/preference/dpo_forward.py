@@ -24,16 +24,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .trl_pieces import DataCollatorForPreference, add_fused_lm_head
+from trl_marl.trainers.preference.trl_pieces import DataCollatorForPreference, add_fused_lm_head
 
 __all__ = ["PreferenceBatch", "fused_lm_head"]
 
 
 def _causal_lm(model: nn.Module) -> nn.Module:
     """The transformers causal LM whose `forward` the fused head patches: through an adapter view of a shared base
-    (`trl_marl.adapters.AdapterAgent`), a PEFT model (TRL: "add the head before wrapping with PEFT", i.e. on the
+    (`trl_marl.models.adapters.AdapterAgent`), a PEFT model (TRL: "add the head before wrapping with PEFT", i.e. on the
     base model) and an engine wrapper (`.module`: DeepSpeed, DDP)."""
-    from ...adapters import AdapterAgent
+    from trl_marl.models.adapters import AdapterAgent
 
     while True:
         if isinstance(model, AdapterAgent):

@@ -38,17 +38,23 @@ import torch
 from accelerate.utils import gather_object
 from transformers import TrainerCallback
 
-from ...plugins.comparators_protocol import check_comparator_output
-from ...plugins.registry import COMPARATOR_GROUP, load_plugin
-from ...plugins.replay import make_replay_mode
-from ...progress import progress_bar, trainer_shows_progress
-from ...rng import keyed_rng
-from ...state_files import CorruptedStateError, read_json_state, require
-from ..actor_critic import IACConfig, MAACConfig
-from .data_parallel import collection_chunks, global_batch_slices, merge_item_shares
-from .madpo import MADPOConfig, MADPOTrainer
-from .marlhf import MARLHFConfig, MARLHFIACTrainer, MARLHFMAACTrainer, MARLHFTrainer, _MARLHFMixin
-from .pairs import PAIR_SELECTIONS, PreferencePair, select_aligned_pairs
+from trl_marl.checkpointing.state_files import CorruptedStateError, read_json_state, require
+from trl_marl.data_types.rng import keyed_rng
+from trl_marl.plugins.comparators_protocol import check_comparator_output
+from trl_marl.plugins.registry import COMPARATOR_GROUP, load_plugin
+from trl_marl.plugins.replay import make_replay_mode
+from trl_marl.trainers.actor_critic import IACConfig, MAACConfig
+from trl_marl.trainers.preference.data_parallel import collection_chunks, global_batch_slices, merge_item_shares
+from trl_marl.trainers.preference.madpo import MADPOConfig, MADPOTrainer
+from trl_marl.trainers.preference.marlhf import (
+    MARLHFConfig,
+    MARLHFIACTrainer,
+    MARLHFMAACTrainer,
+    MARLHFTrainer,
+    _MARLHFMixin,
+)
+from trl_marl.trainers.preference.pairs import PAIR_SELECTIONS, PreferencePair, select_aligned_pairs
+from trl_marl.utils.progress import progress_bar, trainer_shows_progress
 
 __all__ = [
     "IterativeConfigMixin",
@@ -179,7 +185,7 @@ class IterativeConfigMixin:
                     setattr(self, name, json.loads(value))
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{name} must be a JSON object, got {value!r}") from exc
-        from ...config_secrets import check_no_secrets
+        from trl_marl.utils.secrets import check_no_secrets
 
         check_no_secrets(
             "comparator_api",

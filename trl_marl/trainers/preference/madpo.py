@@ -29,20 +29,20 @@ from accelerate.utils import gather_object
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import TrainOutput
 
-from ...algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
-from ...progress import progress_bar, trainer_shows_progress
-from ...rng import keyed_rng
-from ..base import MultiAgentTrainer, _identity_collate
-from ..config import MultiAgentConfig
-from .data_parallel import (
+from trl_marl.algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
+from trl_marl.data_types.rng import keyed_rng
+from trl_marl.trainers.base import MultiAgentTrainer, _identity_collate
+from trl_marl.trainers.config import MultiAgentConfig
+from trl_marl.trainers.preference.data_parallel import (
     EpochDataLoader,
     GlobalBatchSampler,
     collection_chunks,
     merge_item_shares,
     reference_chunks,
 )
-from .dpo_forward import PreferenceBatch
-from .pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_per_item
+from trl_marl.trainers.preference.dpo_forward import PreferenceBatch
+from trl_marl.trainers.preference.pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_per_item
+from trl_marl.utils.progress import progress_bar, trainer_shows_progress
 
 __all__ = ["PreferenceConfig", "MADPOConfig", "MADPOTrainer", "PreferenceCollectionMixin", "COLLABORATION_MODES"]
 
@@ -194,6 +194,8 @@ assert set(PreferenceConfig._allowed_pair_selections) <= set(PAIR_SELECTIONS)
 class PreferenceCollectionMixin:
     """Collect preference pairs from task items with the current agents and the task reward."""
 
+    resume_types = (PreferencePair,)
+
     # where the collected candidates' mean task reward is logged. MADPO has no other rollouts, so it reuses the
     # rollout keys; MARLHF's RL rollouts log their LEARNED reward there, so it uses a key of its own (the Trainer
     # averages everything logged under one key between two logging steps).
@@ -232,7 +234,7 @@ class PreferenceCollectionMixin:
         self._centralized_reward = None
         if args.collaboration_mode != "centralized":
             return args, reward_func, formatters
-        from ...centralized import centralized_setup
+        from trl_marl.rollout.centralized import centralized_setup
 
         if agents is not None:
             raise ValueError("collaboration_mode='centralized' trains ONE model: pass agent_model, not agents")
@@ -358,7 +360,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         """Frozen reference models, one per agent (a single model / path is shared by all agents)."""
         if ref_model is None:
             return None
-        from .trl_pieces import disable_dropout_in_model, prepare_deepspeed
+        from trl_marl.trainers.preference.trl_pieces import disable_dropout_in_model, prepare_deepspeed
 
         given = list(ref_model) if isinstance(ref_model, (list, tuple)) else [ref_model] * self.num_agents
         if len(given) != self.num_agents:

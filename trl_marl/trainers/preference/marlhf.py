@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...rewards import RewardFunction
-from ..actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
-from ..names import TRL_POSITIONAL
-from ..reinforce import MAGRPOTrainer
-from .madpo import PreferenceCollectionMixin, PreferenceConfig
-from .reward_model import JointRewardModel
+from trl_marl.rewards import RewardFunction
+from trl_marl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from trl_marl.trainers.names import TRL_POSITIONAL
+from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin, PreferenceConfig
+from trl_marl.trainers.preference.reward_model import JointRewardModel
+from trl_marl.trainers.reinforce import MAGRPOTrainer
 
 __all__ = [
     "MARLHFConfig",
@@ -294,7 +294,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         if extra.get("reward_model"):
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-            from ...checkpoint import CheckpointError
+            from trl_marl.checkpointing.checkpoint import CheckpointError
 
             folder = os.path.join(checkpoint, "reward_model")
             if not os.path.isfile(os.path.join(folder, "config.json")):

@@ -146,7 +146,9 @@ class PreferencePair:
             value = record[key]
             if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
                 raise ValueError(f"record[{key!r}] must be a list with one entry per agent ({n}), got {value!r:.200}")
-        from ...team import UNKNOWN_EOS, completion_token_ids, render_prompt
+        from trl_marl.data_types.text import UNKNOWN_EOS
+        from trl_marl.models.loading import completion_token_ids
+        from trl_marl.rollout.prompts import render_prompt
 
         eos_ids = eos_ids or [[t.eos_token_id] if t.eos_token_id is not None else [] for t in tokenizers]
         chat = list(chat) if chat is not None else [None] * n

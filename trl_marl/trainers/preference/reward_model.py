@@ -30,9 +30,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from ...collective import even_chunks
-from ...zero3 import is_zero3
-from .pairs import joint_prompt_text, joint_response_text
+from trl_marl.distributed.collective import even_chunks
+from trl_marl.distributed.zero3 import is_zero3
+from trl_marl.trainers.preference.pairs import joint_prompt_text, joint_response_text
 
 __all__ = ["JointRewardModel", "joint_text", "reward_dataset"]
 
@@ -112,23 +112,23 @@ class JointRewardModel(nn.Module):
     def prepare_for_scoring(self, accelerator, device: str | torch.device | None = None) -> JointRewardModel:
         """Put the (fitted, frozen) model under the outer run's engine for scoring; every rank must call it.
 
-        - DeepSpeed ZeRO-3: a partitioned copy (`trl_marl.zero3.zero3_frozen_copy`) under a forward-only engine
+        - DeepSpeed ZeRO-3: a partitioned copy (`trl_marl.distributed.zero3.zero3_frozen_copy`) under a forward-only engine
           (TRL's `prepare_deepspeed`, as for the reference models), with TRL's persistence threshold
           (10 x hidden size) so that each rank keeps only its partition between forwards.
-        - FSDP2: `fully_shard` per decoder layer and the model (`trl_marl.fsdp.shard_module`).
+        - FSDP2: `fully_shard` per decoder layer and the model (`trl_marl.distributed.fsdp.shard_module`).
         - Otherwise (DDP, ZeRO-1/2, one process): a full copy on `device` (default: the accelerator's device).
 
         Under ZeRO-3 / FSDP2 with more than one process scoring is a collective: every process must call `score`
-        the same number of times (the trainers do, `trl_marl.collective`); `score` itself then runs as many forward
+        the same number of times (the trainers do, `trl_marl.distributed.collective`); `score` itself then runs as many forward
         passes on every process (empty batches where a process has fewer texts)."""
-        from ...fsdp import is_fsdp2, shard_module
+        from trl_marl.distributed.fsdp import is_fsdp2, shard_module
 
         self.eval()
         for p in self.parameters():
             p.requires_grad_(False)
         if is_zero3(accelerator):
-            from ...zero3 import _is_partitioned, zero3_frozen_copy
-            from .trl_pieces import prepare_deepspeed
+            from trl_marl.distributed.zero3 import _is_partitioned, zero3_frozen_copy
+            from trl_marl.trainers.preference.trl_pieces import prepare_deepspeed
 
             model = self.hf_model
             model = zero3_frozen_copy(model) if _is_partitioned(model) else model
@@ -242,8 +242,8 @@ class JointRewardModel(nn.Module):
         (the fit does not shift the outer run's random streams)."""
         from transformers import PrinterCallback
 
-        from ...fsdp import is_fsdp2, shard_module
-        from .trl_pieces import RewardConfig
+        from trl_marl.distributed.fsdp import is_fsdp2, shard_module
+        from trl_marl.trainers.preference.trl_pieces import RewardConfig
 
         self._trainable(freeze_backbone)
         dataset = reward_dataset(pairs, self)
@@ -348,9 +348,9 @@ def _rng_preserved():
 @functools.cache
 def _stage_reward_trainer_class() -> type:
     """TRL's `RewardTrainer` as a stage of a trl_marl run: like the outer trainer, it runs FSDP2 over gloo on a
-    CPU-only machine when the launcher asked for FSDP (`trl_marl.fsdp.enable_fsdp_on_cpu`)."""
-    from ...fsdp import enable_fsdp_on_cpu
-    from .trl_pieces import RewardTrainer
+    CPU-only machine when the launcher asked for FSDP (`trl_marl.distributed.fsdp.enable_fsdp_on_cpu`)."""
+    from trl_marl.distributed.fsdp import enable_fsdp_on_cpu
+    from trl_marl.trainers.preference.trl_pieces import RewardTrainer
 
     class StageRewardTrainer(RewardTrainer):
         def create_accelerator_and_postprocess(self) -> None:

@@ -134,7 +134,7 @@ def _numel(p) -> int:
 
 def _largest_layer(team: nn.Module) -> int:
     """Parameters of the largest decoder layer (a `_no_split_modules` class) of any model in `team`."""
-    from .fsdp import _layer_classes
+    from trl_marl.distributed.fsdp import _layer_classes
 
     classes = tuple(_layer_classes(team))
     sizes = [sum(_numel(p) for p in m.parameters()) for m in team.modules() if classes and isinstance(m, classes)]

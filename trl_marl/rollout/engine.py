@@ -1,20 +1,4 @@
-"""JointRollout: batched generation per agent, joint actions (aligned / cross), multi-turn trees, early termination.
-
-A rollout turns a batch of task items into a tree of NODES. At a node every agent samples `num_generations` (G)
-completions of its prompt; the samples combine into joint actions:
-
-- `"aligned"`: joint j = (agent 1 sample j, ..., agent n sample j), G joint actions;
-- `"cross"`: the Cartesian product, G^n joint actions (agent i's sample index on axis i, row-major).
-
-All joint actions of a turn (every node of every item) are scored in ONE reward call. Unless the turn is the last
-or the node terminated early (its mean processed reward exceeds `early_termination_threshold`), each joint action
-spawns a child node whose prompts come from `external_transition`. Generation is batched: at each turn ONE
-`generate_fn` call covers every active node of every item for all agents (the trainer then runs one `generate` per
-agent over all those prompts x G).
-
-This module knows nothing about losses. `assign_returns` turns the tree's rewards into per-agent returns and
-advantages with the functions of `trl_marl.algorithms`.
-"""
+"""TODO docstring"""
 
 from __future__ import annotations
 
@@ -24,149 +8,32 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .algorithms.advantages import baseline_advantages, cross_sample_returns, group_advantages, tree_returns
-from .collective import any_over_processes
-from .rewards import RewardFunction
-from .team import PromptText
+from trl_marl.algorithms.advantages import baseline_advantages, cross_sample_returns, group_advantages, tree_returns
+from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample, _shared
+from trl_marl.data_types.text import PromptText
+from trl_marl.distributed.collective import any_over_processes
+from trl_marl.rewards import RewardFunction
+from trl_marl.rollout.prompts import formatter_failure
 
-__all__ = [
-    "GenerationOutput",
-    "Sample",
-    "Node",
-    "Rollout",
-    "JointRollout",
-    "assign_returns",
-    "JOINT_MODES",
-    "tree_size",
-]
+__all__ = ["logger", "JOINT_MODES", "TREE_WARN_SIZE", "GenerateFn", "tree_size", "JointRollout", "assign_returns"]
+
 
 logger = logging.getLogger(__name__)
 
+
 JOINT_MODES = ("aligned", "cross")
+
+
 # A rollout tree with more joint actions per item than this is almost surely a configuration mistake.
 TREE_WARN_SIZE = 4096
 
 
-@dataclass
-class GenerationOutput:
-    """What generating for one agent returns: one entry per row, rows ordered prompt-major (prompt p's G samples
-    are rows p*G .. p*G+G-1)."""
-
-    texts: list[str]
-    prompt_ids: list[torch.Tensor]  # unpadded prompt token ids per row
-    completion_ids: list[torch.Tensor]  # completion token ids per row, up to and including the first EOS
-    # per row, the sampler's log-prob of each completion token, when the backend reports them (vLLM)
-    sampling_logprobs: list[torch.Tensor] | None = None
-
-
 # generate_fn(prompts_per_agent, num_generations, greedy=False) -> one GenerationOutput per agent
 GenerateFn = Callable[[list[list[PromptText]], int], list[GenerationOutput]]
-
-
-@dataclass
-class Sample:
-    """One agent's completion at one node."""
-
-    agent: int
-    node: int
-    index: int  # sample index k within the node (0..G-1)
-    prompt: str
-    completion: str
-    prompt_ids: torch.Tensor
-    completion_ids: torch.Tensor
-    ret: float = 0.0  # this agent's return for the sample (after penalties)
-    advantage: float = 0.0
-    penalty: float = 0.0  # e.g. reference-KL penalty subtracted from this agent's reward
-
-
-@dataclass
-class Node:
-    """One node of a rollout tree: one item, one turn, G samples per agent, J joint actions."""
-
-    id: int
-    item: int  # index of the task item in the rollout batch
-    turn: int  # 0-based
-    parent: tuple[int, int] | None  # (parent node id, parent joint index)
-    prompts: list[str]  # per agent
-    prompt_history: list[list[str]]  # per agent, earlier turns' prompts on this branch
-    response_history: list[list[str]]  # per agent, earlier turns' completions on this branch
-    samples: list[list[int]] = field(default_factory=list)  # per agent, G sample ids
-    joint: list[tuple[int, ...]] = field(default_factory=list)  # per joint action, the sample index k per agent
-    rewards: torch.Tensor | None = None  # (J,) or (J, n) processed rewards
-    raw_rewards: torch.Tensor | None = None
-    children: dict[int, int] = field(default_factory=dict)  # joint index -> child node id
-    terminated: bool = False
-    returns: torch.Tensor | None = None  # (J, n) per-agent returns (discounted, penalties included)
-    greedy_reward: float | None = None  # reward of the greedy joint action (ReMax's baseline), when sampled
-    undiscounted_returns: torch.Tensor | None = None  # (J,) mean over agents of the raw reward-to-go
-
-
-@dataclass
-class Rollout:
-    """A rollout over a batch of items: every node and sample, plus counters."""
-
-    items: list[dict]
-    nodes: list[Node]
-    samples: list[Sample]
-    num_agents: int
-    num_generations: int
-    joint_mode: str
-    env_steps: int = 0
-    reward_seconds: float = 0.0  # wall time spent inside the reward function
-
-    def nodes_of_items(self, items: Sequence[int]) -> list[Node]:
-        keep = set(items)
-        return [n for n in self.nodes if n.item in keep]
-
-    def samples_of_agent(self, agent: int, nodes: Sequence[Node] | None = None) -> list[Sample]:
-        nodes = self.nodes if nodes is None else nodes
-        return [self.samples[s] for n in nodes for s in n.samples[agent]]
-
-    def turn_metrics(self) -> dict[str, float]:
-        """`turn_k/reward_mean` and `turn_k/expected_return` (undiscounted reward-to-go), k counted from 1."""
-        out: dict[str, float] = {}
-        turns = sorted({n.turn for n in self.nodes})
-        for t in turns:
-            nodes = [n for n in self.nodes if n.turn == t]
-            rewards = torch.cat([_shared(n.rewards) for n in nodes])
-            out[f"turn_{t + 1}/reward_mean"] = rewards.mean().item()
-            out[f"turn_{t + 1}/reward_std"] = rewards.std(unbiased=False).item()
-            if all(n.undiscounted_returns is not None for n in nodes):
-                out[f"turn_{t + 1}/expected_return"] = torch.cat([n.undiscounted_returns for n in nodes]).mean().item()
-        return out
-
-    def records(self) -> list[dict]:
-        """One JSON-able record per joint action (for traces): prompts, completions and reward of every agent."""
-        recs = []
-        for n in self.nodes:
-            for j, ks in enumerate(n.joint):
-                samples = [self.samples[n.samples[i][k]] for i, k in enumerate(ks)]
-                rew = n.rewards[j]
-                recs.append(
-                    {
-                        "item": n.item,
-                        "node": n.id,
-                        "turn": n.turn + 1,
-                        "joint": j,
-                        "prompts": [s.prompt for s in samples],
-                        "completions": [s.completion for s in samples],
-                        "reward": rew.tolist(),
-                        "raw_reward": n.raw_rewards[j].tolist(),
-                        "returns": n.returns[j].tolist() if n.returns is not None else None,
-                        "advantages": [s.advantage for s in samples],
-                    }
-                )
-        return recs
-
-
-def _shared(rewards: torch.Tensor) -> torch.Tensor:
-    """(J,) team rewards from (J,) or per-agent (J, n) rewards (mean over agents)."""
-    return rewards if rewards.ndim == 1 else rewards.mean(dim=1)
 
 
 def tree_size(num_generations: int, num_agents: int, num_turns: int, joint_mode: str) -> int:
@@ -189,7 +56,7 @@ class JointRollout:
         external_transition: called after each non-final turn per joint action, returns one prompt per agent.
         external_prompt_passthrough: use the transition's prompts verbatim instead of formatting them.
         early_termination_threshold: a node stops expanding when its mean processed reward exceeds this.
-        synced: keep the processes in step (`trl_marl.collective`): set when generating or scoring is a collective
+        synced: keep the processes in step (`trl_marl.distributed.collective`): set when generating or scoring is a collective
             (ZeRO-3, FSDP2). A process whose branches all ended (or that has no items) keeps taking part in every
             turn another process still runs, calling `generate_fn` with no prompts (the reward is not called: a
             learned, sharded reward model scores single-turn rollouts only, MARLHF).
@@ -467,10 +334,3 @@ def _accepted_kwargs(func: Callable) -> set[str]:
     if any(p.kind == p.VAR_KEYWORD for p in params):
         return {"*"}
     return {p.name for p in params}
-
-
-def formatter_failure(i: int, formatter, item: Any, exc: BaseException) -> str:
-    """The message of a formatter that failed on an item: which agent, which formatter, which columns exist."""
-    name = getattr(formatter, "__qualname__", type(formatter).__name__)
-    columns = sorted(item) if isinstance(item, dict) else type(item).__name__
-    return f"the formatter of agent {i + 1} ({name}) failed on an item with columns {columns}: {type(exc).__name__}: {exc}"

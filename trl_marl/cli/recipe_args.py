@@ -126,7 +126,7 @@ def critic_source(recipe_args: RecipeArguments) -> str:
         return recipe_args.agent_models[0]
     if recipe_args.model_name_or_path:
         return recipe_args.model_name_or_path
-    from .testing import tiny_model_path
+    from trl_marl.testing import tiny_model_path
 
     return tiny_model_path(seed=recipe_args.tiny_seed)
 
@@ -301,7 +301,7 @@ def recipe_formatters(recipe_args: RecipeArguments, num_agents: int) -> list[Cal
 def recipe_reward(recipe_args: RecipeArguments, num_agents: int) -> list[Callable] | None:
     """The team rewards named by `--reward_funcs` / `--reward_agent` (None: the task's); the trainer sums a list with
     the config's `reward_weights`."""
-    from .rewards import is_team_reward, lift
+    from trl_marl.rewards import is_team_reward, lift
 
     if not recipe_args.reward_funcs:
         return None
@@ -339,7 +339,7 @@ def run_recipe(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from trl import get_peft_config
 
-    from .tasks import load_task
+    from trl_marl.tasks import load_task
 
     if recipe_args.dataset_name:
         train, test = load_recipe_dataset(recipe_args)
@@ -367,7 +367,7 @@ def run_recipe(
     elif recipe_args.model_name_or_path:
         team = {"model": recipe_args.model_name_or_path}
     else:
-        from .testing import tiny_model_path
+        from trl_marl.testing import tiny_model_path
 
         team = {"model": tiny_model_path(seed=recipe_args.tiny_seed)}
     kwargs = dict(

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from .import_utils import require_extra
+from trl_marl.utils.import_utils import require_extra
 
 __all__ = [
     "AdapterAgent",

@@ -83,7 +83,7 @@ class _CentralizedReward:
     """
 
     def __init__(self, reward: Any, adapter: CentralizedAdapter):
-        from .rewards import RewardFunction
+        from trl_marl.rewards import RewardFunction
 
         self.task_reward = RewardFunction(reward, adapter.num_roles)
         self.adapter = adapter
@@ -117,7 +117,7 @@ def centralize(
 
     Returns `(joint_formatter, joint_reward, the reward object (for parse metrics), adapter)`.
     """
-    from .team import resolve_formatters
+    from trl_marl.rollout.prompts import resolve_formatters
 
     adapter = adapter or TaggedCentralizedAdapter(num_roles)
     role_formatters = resolve_formatters(formatters, num_roles)

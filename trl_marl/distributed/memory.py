@@ -15,7 +15,7 @@
 | generation gather | full weights of the ONE agent that generates (ZeRO-3, FSDP2) | (is the gather) |
 | KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows | none |
 | activations | every agent's forward graph of one training step, kept until the one backward (logits included) | none |
-| training gather | ZeRO-3 / FSDP2 in the training step: two decoder layers of full weights (the one computing and the one prefetched; trl_marl sets ZeRO-3's live-parameter window to one layer, `trl_marl.zero3.fill_bucket_sizes`) | (is the gather) |
+| training gather | ZeRO-3 / FSDP2 in the training step: two decoder layers of full weights (the one computing and the one prefetched; trl_marl sets ZeRO-3's live-parameter window to one layer, `trl_marl.distributed.zero3.fill_bucket_sizes`) | (is the gather) |
 | loading | host memory while the trainer is built (before the first step): what each rank holds of the agents, references and critics as they are loaded; see below | ZeRO-3 with `zero3_init_flag` |
 | optimizer step | AdamW's step: a temporary the size of what it updates at once, in fp32 (`sqrt` of the second moment): a parameter group with torch's foreach kernels (GPUs), one tensor on the CPU, where DeepSpeed's flat partition of a group IS one tensor; trl_marl has one group per agent, so one agent's trainable parameters x 4 bytes (an upper bound for DDP / FSDP2 on the CPU) | ZeRO-2, ZeRO-3, FSDP2 |
 
@@ -30,7 +30,7 @@ Loading (`MemoryEstimate.loading`, not part of `peak`, which is the training run
 built inside `deepspeed.zero.Init` and each rank holds its partition only. References are deep copies of the
 agents: whole on every rank under DDP / ZeRO-2; under FSDP2 and ZeRO-3 without the flag each copy is sharded as soon
 as it is made (one full copy in flight beside the shards made before); with the flag they are built partitioned
-(`trl_marl.zero3.zero3_frozen_copy`). On GPUs this is host RAM (the models load on the CPU before they move), and
+(`trl_marl.distributed.zero3.zero3_frozen_copy`). On GPUs this is host RAM (the models load on the CPU before they move), and
 all ranks of a node load at once: a node needs about `ranks_per_node x loading`. On CPU-only runs it is part of the
 RSS peak, and the flag lowers the run's peak only where `loading` exceeds the training `peak`: the sharded
 training state is (4 weights + 4 master + 4 gradients + 8 AdamW) / W bytes per trainable fp32 parameter, against
@@ -240,8 +240,49 @@ def _activation_bytes(cfg, rows: int, seq: int, completion: int, act_bytes: int,
     return int(tokens * layers * per_layer * scale) + logits
 
 
+@dataclass(frozen=True)
+class TrainingShape:
+    """The numbers of a training run that the estimate needs; `from_config` reads them from any trainer config
+    (so this module knows nothing of the trainers)."""
+
+    num_agents: int = 2
+    num_generations: int = 4
+    rollout_buffer_size: int = 4
+    train_batch_size: int | None = None
+    max_prompt_length: int | None = 512
+    max_completion_length: int = 256
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    share_base_model: bool = False
+    reference_kl: bool = False
+    num_critics: int = 0  # separate critics (actor-critic trainers); 0: none
+    reward_model: bool = False  # a joint reward model beside the team (MARLHF)
+
+    @classmethod
+    def from_config(cls, config: Any) -> TrainingShape:
+        """The shape of a trainer config (`MAGRPOConfig`, `MAPPOConfig`, ...), or of a `TrainingShape`."""
+        if isinstance(config, TrainingShape):
+            return config
+        return cls(
+            num_agents=int(config.num_agents),
+            num_generations=int(getattr(config, "num_generations", 1) or 1),
+            rollout_buffer_size=int(config.rollout_buffer_size),
+            train_batch_size=getattr(config, "train_batch_size", None),
+            max_prompt_length=getattr(config, "max_prompt_length", None),
+            max_completion_length=int(config.max_completion_length),
+            bf16=bool(getattr(config, "bf16", False)),
+            gradient_checkpointing=bool(getattr(config, "gradient_checkpointing", False)),
+            share_base_model=bool(getattr(config, "share_base_model", False)),
+            reference_kl=bool(getattr(config, "reference_kl_enabled", False)),
+            num_critics=int(getattr(config, "num_critics", 1))
+            if getattr(config, "uses_separate_critics", False)
+            else 0,
+            reward_model=hasattr(config, "reward_model_name"),
+        )
+
+
 def estimate(
-    config,
+    config: TrainingShape | Any,
     model_config_or_id,
     engine: str = "ddp",
     world_size: int = 1,
@@ -253,7 +294,8 @@ def estimate(
     prompt_length: int | None = None,
     zero3_init_flag: bool = True,
 ) -> MemoryEstimate:
-    """Predict per-rank memory of training a team with `config` (a trl_marl trainer config) on `model_config_or_id`
+    """Predict per-rank memory of training a team with `config` (a `TrainingShape`, or a trl_marl trainer config it
+    is read from) on `model_config_or_id`
     (a transformers config, a config dict with `model_type`, or a model id / path) under `engine` (`"ddp"`,
     `"zero2"`, `"zero3"`, `"fsdp2"`) on `world_size` ranks.
 
@@ -267,11 +309,12 @@ def estimate(
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    config = TrainingShape.from_config(config)
     cfg = _load_config(model_config_or_id)
-    n = int(config.num_agents)
-    wb = weight_bytes or (2 if getattr(config, "bf16", False) else 4)
+    n = config.num_agents
+    wb = weight_bytes or (2 if config.bf16 else 4)
     P, lora = count_parameters(cfg, peft_config)
-    shared = bool(getattr(config, "share_base_model", False)) and peft_config is not None
+    shared = config.share_base_model and peft_config is not None
 
     # the agents
     base_params = P if shared else n * P
@@ -288,28 +331,28 @@ def estimate(
 
     # references: frozen copies of full agents; LoRA agents use their base with adapters off
     references = 0
-    if getattr(config, "reference_kl_enabled", False) and peft_config is None:
+    if config.reference_kl and peft_config is None:
         references = math.ceil(n * P * wb / shard_w)
 
     # separate critics (actor-critic trainers), trained like the agents
     critics = 0
-    if getattr(config, "uses_separate_critics", False):
-        k = int(getattr(config, "num_critics", 1))
+    if config.num_critics:
+        k = config.num_critics
         Pc = P if critic_model_config is None else count_parameters(_load_config(critic_model_config))[0]
         critics = math.ceil(k * Pc * wb / shard_w) + math.ceil(k * Pc * (wb + master + 8) / shard_go)
 
     # the joint reward model of MARLHF while it scores rollouts: whole on every rank, partitioned under ZeRO-3 /
     # FSDP2 (JointRewardModel.prepare_for_scoring)
     reward_model = 0
-    if hasattr(config, "reward_model_name"):
+    if config.reward_model:
         Pr = P if reward_model_config is None else count_parameters(_load_config(reward_model_config))[0]
         reward_model = math.ceil(Pr * wb / shard_w)
 
     # generation: one agent after another (one call for all agents on a shared base)
-    gen = int(getattr(config, "num_generations", 1) or 1)
-    rows = int(config.rollout_buffer_size) * gen * (n if shared else 1)
-    prompt = prompt_length or getattr(config, "max_prompt_length", None) or 512
-    seq = prompt + int(config.max_new_tokens)
+    gen = config.num_generations
+    rows = config.rollout_buffer_size * gen * (n if shared else 1)
+    prompt = prompt_length or config.max_prompt_length or 512
+    seq = prompt + config.max_completion_length
     kv = _kv_bytes(cfg, rows, seq, wb)
     if engine in ("zero3", "fsdp2"):  # ONE agent (the shared base of a LoRA team) gathered at a time
         gather = (P if not shared else P + n * lora) * wb - math.ceil(P * wb / world_size)
@@ -317,9 +360,9 @@ def estimate(
         gather = 0
 
     # training: every agent's graph until the one backward; ZeRO-3 / FSDP2 hold the layer computing and the next
-    train_rows = int(getattr(config, "train_batch_size", None) or config.rollout_buffer_size) * gen
-    checkpointing = bool(getattr(config, "gradient_checkpointing", False))
-    act = n * _activation_bytes(cfg, train_rows, seq, int(config.max_new_tokens), wb, checkpointing)
+    train_rows = (config.train_batch_size or config.rollout_buffer_size) * gen
+    checkpointing = config.gradient_checkpointing
+    act = n * _activation_bytes(cfg, train_rows, seq, config.max_completion_length, wb, checkpointing)
     training_gather = 2 * layer_parameters(cfg) * wb if engine in ("zero3", "fsdp2") else 0
 
     # loading: full models on every rank, except ZeRO-3 with zero3_init_flag (built partitioned)
@@ -362,10 +405,8 @@ def estimate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m trl_marl.memory MODEL --num_agents 2 --engine zero3 --world_size 8 [--lora_r 16] ...`: print the
+    """`python -m trl_marl.distributed.memory MODEL --num_agents 2 --engine zero3 --world_size 8 [--lora_r 16] ...`: print the
     per-rank estimate for each requested engine."""
-    from .trainers.reinforce import MAGRPOConfig
-
     p = argparse.ArgumentParser(prog="trl-marl estimate", description=main.__doc__)
     p.add_argument("model", help="model id / path (its config.json is read)")
     p.add_argument("--num_agents", type=int, default=2)
@@ -378,24 +419,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout_buffer_size", type=int, default=4)
     p.add_argument("--num_generations", type=int, default=4)
     p.add_argument("--max_prompt_length", type=int, default=512)
-    p.add_argument("--max_new_tokens", type=int, default=256)
+    p.add_argument("--max_completion_length", type=int, default=256)
     p.add_argument(
         "--no_zero3_init_flag", action="store_true", help="ZeRO-3 with zero3_init_flag: false (every rank loads all)"
     )
     a = p.parse_args(argv)
-    cfg = MAGRPOConfig(
-        output_dir="estimate",
+    cfg = TrainingShape(
         num_agents=a.num_agents,
         num_generations=a.num_generations,
         rollout_buffer_size=a.rollout_buffer_size,
         max_prompt_length=a.max_prompt_length,
-        max_completion_length=a.max_new_tokens,
+        max_completion_length=a.max_completion_length,
         share_base_model=a.share_base_model,
-        reference_kl_enabled=a.reference_kl,
-        use_cpu=True,
-        bf16=False,
+        reference_kl=a.reference_kl,
+        bf16=a.bf16,
     )
-    cfg.bf16 = a.bf16
     peft = None
     if a.lora_r:
         from peft import LoraConfig

@@ -23,7 +23,7 @@ import pickle
 import re
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -394,9 +394,11 @@ def _atomic_torch_save(obj, path: str) -> None:
     os.replace(tmp, path)
 
 
-def load_resume_state(folder: str, rank: int) -> dict:
+def load_resume_state(folder: str, rank: int, safe_types: Sequence[type] = ()) -> dict:
     """This process's resume state from a checkpoint (a clear error naming the file when it is missing or
-    unreadable)."""
+    unreadable). `safe_types` are the classes it may hold besides tensors and plain containers: the trainer's
+    `resume_types` (its rollout, critic data or preference pairs); anything else is refused unless the user sets
+    `TRL_MARL_TRUSTED_CHECKPOINTS=1`."""
     import torch
 
     path = os.path.join(folder, RESUME_STATE_FILE.format(rank=rank))
@@ -409,14 +411,14 @@ def load_resume_state(folder: str, rank: int) -> dict:
     if os.environ.get(TRUSTED_ENV, "").lower() in ("1", "true", "yes"):
         return torch.load(path, weights_only=False)  # the user vouches for this checkpoint
     try:
-        # weights_only: only tensors, plain containers and trl_marl's own rollout / pair classes are unpickled
-        with torch.serialization.safe_globals(_resume_state_globals()):
+        # weights_only: only tensors, plain containers and the trainer's resume types are unpickled
+        with torch.serialization.safe_globals(_resume_state_globals(safe_types)):
             return torch.load(path, weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
         if found:
             raise CheckpointError(
-                f"{path} holds an object of type {found.group(1)}, outside trl_marl's rollout / pair classes "
+                f"{path} holds an object of type {found.group(1)}, outside the trainer's resume types "
                 f"(probably a value in your dataset items); if you trust this checkpoint, set {TRUSTED_ENV}=1 to "
                 "load it with full pickle"
             ) from exc
@@ -431,28 +433,8 @@ def load_resume_state(folder: str, rank: int) -> dict:
         ) from exc
 
 
-def _resume_state_globals() -> list:
-    """The classes a resume state may hold (`torch.load(weights_only=True)` allowlist)."""
+def _resume_state_globals(safe_types: Sequence[type]) -> list:
+    """The `torch.load(weights_only=True)` allowlist: the trainer's own resume types plus the containers they use."""
     import collections
 
-    from .models.value_head import CriticBatch
-    from .rollout import GenerationOutput, Node, Rollout, Sample
-    from .team import AgentBatch, PromptText
-    from .trainers.actor_critic import CriticData, Transitions, ValueStream
-    from .trainers.preference.pairs import PreferencePair
-
-    return [
-        Rollout,
-        Node,
-        Sample,
-        GenerationOutput,
-        PromptText,
-        AgentBatch,
-        PreferencePair,
-        CriticData,
-        Transitions,
-        ValueStream,
-        CriticBatch,
-        collections.defaultdict,
-        collections.OrderedDict,
-    ]
+    return [*safe_types, collections.defaultdict, collections.OrderedDict]

@@ -1,7 +1,7 @@
 """Keeping processes in step where the work is a collective.
 
 Under DeepSpeed ZeRO-3 and FSDP2 a module's parameters are sharded over the processes: generating with an agent
-(its parameters gathered, `trl_marl.zero3.gathered` / `trl_marl.fsdp.gathered_for_generation`, then transformers'
+(its parameters gathered, `trl_marl.distributed.zero3.gathered` / `trl_marl.distributed.fsdp.gathered_for_generation`, then transformers'
 `generate(synced_gpus=True)`, which all-reduces "still generating?" after every token), a forward of the sharded
 joint reward model, critic or reference model: each is a collective that EVERY process must enter, the same
 number of times, in the same order. A process with less work (a multi-turn rollout whose branches all

@@ -1,0 +1,123 @@
+"""The rollout tree: what generating returns (`GenerationOutput`), one agent's sampled completion (`Sample`), a node of the tree (`Node`) and a whole rollout (`Rollout`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["GenerationOutput", "Sample", "Node", "Rollout"]
+
+
+@dataclass
+class GenerationOutput:
+    """What generating for one agent returns: one entry per row, rows ordered prompt-major (prompt p's G samples
+    are rows p*G .. p*G+G-1)."""
+
+    texts: list[str]
+    prompt_ids: list[torch.Tensor]  # unpadded prompt token ids per row
+    completion_ids: list[torch.Tensor]  # completion token ids per row, up to and including the first EOS
+    # per row, the sampler's log-prob of each completion token, when the backend reports them (vLLM)
+    sampling_logprobs: list[torch.Tensor] | None = None
+
+
+@dataclass
+class Sample:
+    """One agent's completion at one node."""
+
+    agent: int
+    node: int
+    index: int  # sample index k within the node (0..G-1)
+    prompt: str
+    completion: str
+    prompt_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    ret: float = 0.0  # this agent's return for the sample (after penalties)
+    advantage: float = 0.0
+    penalty: float = 0.0  # e.g. reference-KL penalty subtracted from this agent's reward
+
+
+@dataclass
+class Node:
+    """One node of a rollout tree: one item, one turn, G samples per agent, J joint actions."""
+
+    id: int
+    item: int  # index of the task item in the rollout batch
+    turn: int  # 0-based
+    parent: tuple[int, int] | None  # (parent node id, parent joint index)
+    prompts: list[str]  # per agent
+    prompt_history: list[list[str]]  # per agent, earlier turns' prompts on this branch
+    response_history: list[list[str]]  # per agent, earlier turns' completions on this branch
+    samples: list[list[int]] = field(default_factory=list)  # per agent, G sample ids
+    joint: list[tuple[int, ...]] = field(default_factory=list)  # per joint action, the sample index k per agent
+    rewards: torch.Tensor | None = None  # (J,) or (J, n) processed rewards
+    raw_rewards: torch.Tensor | None = None
+    children: dict[int, int] = field(default_factory=dict)  # joint index -> child node id
+    terminated: bool = False
+    returns: torch.Tensor | None = None  # (J, n) per-agent returns (discounted, penalties included)
+    greedy_reward: float | None = None  # reward of the greedy joint action (ReMax's baseline), when sampled
+    undiscounted_returns: torch.Tensor | None = None  # (J,) mean over agents of the raw reward-to-go
+
+
+@dataclass
+class Rollout:
+    """A rollout over a batch of items: every node and sample, plus counters."""
+
+    items: list[dict]
+    nodes: list[Node]
+    samples: list[Sample]
+    num_agents: int
+    num_generations: int
+    joint_mode: str
+    env_steps: int = 0
+    reward_seconds: float = 0.0  # wall time spent inside the reward function
+
+    def nodes_of_items(self, items: Sequence[int]) -> list[Node]:
+        keep = set(items)
+        return [n for n in self.nodes if n.item in keep]
+
+    def samples_of_agent(self, agent: int, nodes: Sequence[Node] | None = None) -> list[Sample]:
+        nodes = self.nodes if nodes is None else nodes
+        return [self.samples[s] for n in nodes for s in n.samples[agent]]
+
+    def turn_metrics(self) -> dict[str, float]:
+        """`turn_k/reward_mean` and `turn_k/expected_return` (undiscounted reward-to-go), k counted from 1."""
+        out: dict[str, float] = {}
+        turns = sorted({n.turn for n in self.nodes})
+        for t in turns:
+            nodes = [n for n in self.nodes if n.turn == t]
+            rewards = torch.cat([_shared(n.rewards) for n in nodes])
+            out[f"turn_{t + 1}/reward_mean"] = rewards.mean().item()
+            out[f"turn_{t + 1}/reward_std"] = rewards.std(unbiased=False).item()
+            if all(n.undiscounted_returns is not None for n in nodes):
+                out[f"turn_{t + 1}/expected_return"] = torch.cat([n.undiscounted_returns for n in nodes]).mean().item()
+        return out
+
+    def records(self) -> list[dict]:
+        """One JSON-able record per joint action (for traces): prompts, completions and reward of every agent."""
+        recs = []
+        for n in self.nodes:
+            for j, ks in enumerate(n.joint):
+                samples = [self.samples[n.samples[i][k]] for i, k in enumerate(ks)]
+                rew = n.rewards[j]
+                recs.append(
+                    {
+                        "item": n.item,
+                        "node": n.id,
+                        "turn": n.turn + 1,
+                        "joint": j,
+                        "prompts": [s.prompt for s in samples],
+                        "completions": [s.completion for s in samples],
+                        "reward": rew.tolist(),
+                        "raw_reward": n.raw_rewards[j].tolist(),
+                        "returns": n.returns[j].tolist() if n.returns is not None else None,
+                        "advantages": [s.advantage for s in samples],
+                    }
+                )
+        return recs
+
+
+def _shared(rewards: torch.Tensor) -> torch.Tensor:
+    """(J,) team rewards from (J,) or per-agent (J, n) rewards (mean over agents)."""
+    return rewards if rewards.ndim == 1 else rewards.mean(dim=1)

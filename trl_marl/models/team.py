@@ -1,0 +1,217 @@
+"""The team: the agents as ONE module.
+
+`TeamModel` is ONE `nn.Module` holding every agent, so a single accelerate / DeepSpeed engine wraps the whole team
+(accelerate cannot hold several DeepSpeed engines in one process) and one optimizer holds a parameter group per agent.
+Its `forward` scores a batch of completions for every agent in one call: one masked forward pass per agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from trl_marl.algorithms.logprobs import token_logprobs
+from trl_marl.data_types.batches import AgentBatch
+from trl_marl.models.loading import _name_or_path
+
+__all__ = ["TeamConfig", "TeamModel", "forward_completions", "masked_mean_entropy", "agent_token_logprobs"]
+
+
+class TeamConfig(PretrainedConfig):
+    """Config of the team wrapper, so that Trainer machinery (telemetry, model cards, logging) sees a `config`."""
+
+    model_type = "trl_marl_team"
+
+    def __init__(self, num_agents: int = 1, agent_names: list[str] | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_agents = num_agents
+        self.agent_names = agent_names or []
+
+
+def _activation_checkpointing(model: nn.Module) -> bool:
+    """Whether `model` checkpoints activations: `is_activation_checkpointing` (transformers >= 5.24), else the older
+    `is_gradient_checkpointing` (read only then: on newer models it warns)."""
+    value = getattr(model, "is_activation_checkpointing", None)
+    return bool(value) if value is not None else bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+class TeamModel(nn.Module):
+    """All agents of a team in one module (`self.agents[i]` is agent i+1's causal LM).
+
+    With `shared` (a PEFT model carrying one adapter per agent, see `trl_marl.models.adapters`), `self.agents` holds
+    adapter views of that one model instead, and the team's parameters are the shared model's, once.
+    """
+
+    def __init__(
+        self,
+        agents: Sequence[PreTrainedModel],
+        agent_names: Sequence[str] | None = None,
+        shared: nn.Module | None = None,
+    ):
+        super().__init__()
+        if shared is None:
+            self.agents = nn.ModuleList(agents)
+        else:
+            self.shared = shared
+            self.agents = list(agents)  # AdapterAgent views of `shared`, not submodules
+        names = list(agent_names) if agent_names else [_name_or_path(a) for a in agents]
+        self.config = TeamConfig(num_agents=len(agents), agent_names=names)
+        self.config._name_or_path = names[0] if len(set(names)) == 1 else ""
+        # Trainer checks this attribute when deciding whether to pass `num_items_in_batch`.
+        self.accepts_loss_kwargs = False
+        # The sampling temperature the completions were drawn at: every log-prob of a sampled completion is taken on
+        # logits / temperature (as TRL's GRPOTrainer does), so the gradient is that of the policy that sampled.
+        self.temperature = 1.0
+        # Per agent, the masked mean token entropy (nats, on logits / temperature) of the last forward pass that ran
+        # with gradients (the loss's forward); None where an agent was skipped. Read by the trainer for logging.
+        self.last_entropy: list[float | None] | None = None
+
+    @property
+    def shared_base(self) -> bool:
+        """Whether the agents are adapters on one shared base model."""
+        return "shared" in self._modules
+
+    def agent_named_parameters(self, i: int) -> list[tuple[str, nn.Parameter]]:
+        """Agent i's trainable parameters, named as in the team's `named_parameters()`."""
+        prefix = "shared" if self.shared_base else f"agents.{i}"
+        return [(f"{prefix}.{k}", p) for k, p in self.agents[i].named_parameters() if p.requires_grad]
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+    # --- what Trainer / TRL helpers look for on a model ---
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return any(_activation_checkpointing(a) for a in self._backbones())
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return self.is_gradient_checkpointing
+
+    def _backbones(self) -> list[nn.Module]:
+        return [self.shared] if self.shared_base else list(self.agents)
+
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: dict | None = None, every_n_layers: int = 1, offload: bool = False
+    ) -> None:
+        """Activation (gradient) checkpointing in every agent's backbone, as `Trainer` asks for it."""
+        for a in self._backbones():
+            enable = getattr(a, "activation_checkpointing_enable", None)
+            if enable is not None:  # transformers >= 5.24
+                enable(
+                    activation_checkpointing_kwargs=activation_checkpointing_kwargs,
+                    every_n_layers=every_n_layers,
+                    offload=offload,
+                )
+                continue
+            if every_n_layers != 1 or offload:
+                import transformers
+
+                raise ValueError(
+                    "activation checkpointing with every_n_layers != 1 or offload=True needs transformers >= 5.24 "
+                    f"(installed: {transformers.__version__})"
+                )
+            # transformers < 5.24 (e.g. 5.17, what vLLM 0.31 pins): the older name, checkpointing every layer
+            a.gradient_checkpointing_enable(gradient_checkpointing_kwargs=activation_checkpointing_kwargs)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None, **kwargs) -> None:
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        for a in self._backbones():
+            disable = getattr(a, "activation_checkpointing_disable", None)
+            (disable or a.gradient_checkpointing_disable)()  # the older name before transformers 5.24
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.activation_checkpointing_disable()
+
+    def enable_input_require_grads(self) -> None:
+        for a in self._backbones():
+            a.enable_input_require_grads()
+
+    def forward(self, agent_batches: Sequence[AgentBatch | None]) -> list[torch.Tensor | None]:
+        """Per-token log-probabilities of each agent's completions.
+
+        `agent_batches[i]` is agent i's batch (or None to skip it). Returns, per agent, a `(B_i, C_i)` tensor of
+        completion-token log-probs (multiply by `batch.completion_mask` and sum for sequence log-probs).
+        One forward pass per agent, for the whole batch. A batch that is not an `AgentBatch` brings its own
+        forward scheme: `batch.token_logps(agent, temperature, return_entropy)` returning `(log-probs, per-token
+        entropy or None)` with `batch.shift_completion_mask` over them (MADPO's TRL-layout preference batch).
+        """
+        if len(agent_batches) != len(self.agents):
+            raise ValueError(f"expected {len(self.agents)} agent batches, got {len(agent_batches)}")
+        record = torch.is_grad_enabled()
+        logps: list[torch.Tensor | None] = []
+        entropies: list[float | None] = []
+        for agent, batch in zip(self.agents, agent_batches):
+            if batch is None:
+                logps.append(None)
+                entropies.append(None)
+                continue
+            if isinstance(batch, AgentBatch):
+                _, logp, *entropy = forward_completions(agent, batch, self.temperature, return_entropy=record)
+                mask = batch.completion_mask
+            else:
+                logp, *entropy = batch.token_logps(agent, self.temperature, return_entropy=record)
+                mask = batch.shift_completion_mask
+            logps.append(logp)
+            entropies.append(masked_mean_entropy(entropy[0], mask) if record else None)
+        if record:
+            self.last_entropy = entropies
+        return logps
+
+
+def forward_completions(
+    model: nn.Module,
+    batch: AgentBatch,
+    temperature: float = 1.0,
+    output_hidden_states: bool = False,
+    return_entropy: bool = False,
+) -> tuple[Any, ...]:
+    """One forward pass over `[prompt | completion]`: `(model output, completion-token log-probs (B, C))`, plus the
+    `(B, C)` token entropies (detached) as a third element when `return_entropy`.
+
+    The log-probs are `log_softmax(logits / temperature)` at the completion tokens: pass the temperature the
+    completions were sampled at (TRL's GRPOTrainer divides by it too). The entropy is TRL's `entropy_from_logits`
+    of the same tempered logits, computed without gradient from the logits this forward already produced.
+    Position ids follow the attention mask (as `generate` computes them for left-padded prompts), so the scores
+    match what the policy sampled. Only the last `C + 1` positions' logits are materialised (`logits_to_keep`).
+    """
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=batch.num_completion_tokens + 1,
+        use_cache=False,
+        output_hidden_states=output_hidden_states,
+    )
+    logits = out.logits[:, :-1, :]  # prediction for each completion token
+    logits = logits.float() if logits.dtype != torch.float32 else logits
+    logp = token_logprobs(logits, batch.completion_ids, temperature)
+    if not return_entropy:
+        return out, logp
+    from trl.trainer.utils import entropy_from_logits  # TRL's chunked entropy, as GRPOTrainer logs it
+
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits.detach() / temperature)
+    return out, logp, entropy
+
+
+def masked_mean_entropy(token_entropy: torch.Tensor, completion_mask: torch.Tensor) -> float:
+    """Mean of `(B, C)` token entropies over the scored completion tokens (`completion_mask` 1)."""
+    mask = completion_mask.to(token_entropy.device, token_entropy.dtype)
+    return float((token_entropy * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def agent_token_logprobs(model: nn.Module, batch: AgentBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Completion-token log-probs `(B, C)` of `log_softmax(logits / temperature)` from one forward pass over
+    `[prompt | completion]` (`forward_completions`)."""
+    return forward_completions(model, batch, temperature)[1]

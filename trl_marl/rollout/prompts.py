@@ -1,0 +1,60 @@
+"""From task items to prompt text: formatters (one per agent) and rendering through an agent's chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from trl_marl.data_types.text import PromptText
+
+__all__ = ["render_prompt", "default_formatter", "resolve_formatters", "formatter_failure"]
+
+
+def render_prompt(formatted: Any, tokenizer) -> PromptText:
+    """Turn a formatter's output into prompt text: a string as is, or chat messages through the chat template."""
+    if isinstance(formatted, str):
+        return PromptText(formatted)
+    if isinstance(formatted, (list, tuple)) and all(isinstance(m, dict) for m in formatted):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                "a formatter returned chat messages but the agent's tokenizer has no chat_template; return a string "
+                "or use a tokenizer with a chat template"
+            )
+        text = PromptText(tokenizer.apply_chat_template(list(formatted), tokenize=False, add_generation_prompt=True))
+        text.chat = True
+        return text
+    raise TypeError(f"a formatter must return a string or a list of chat messages, got {type(formatted).__name__}")
+
+
+def default_formatter(item: dict) -> str:
+    """The default formatter: the item's `"prompt"` field."""
+    if "prompt" not in item:
+        raise KeyError(
+            f"the default formatter reads item['prompt'], but the item has only {sorted(item)}; pass formatters="
+        )
+    return item["prompt"]
+
+
+def resolve_formatters(formatters: Callable | Sequence[Callable] | None, num_agents: int) -> list[Callable]:
+    """One formatter for all agents, or a per-agent list whose length must be `num_agents`."""
+    if formatters is None:
+        return [default_formatter] * num_agents
+    if callable(formatters):
+        return [formatters] * num_agents
+    formatters = list(formatters)
+    if len(formatters) != num_agents:
+        raise ValueError(
+            f"formatters has {len(formatters)} entries but num_agents is {num_agents}; pass one callable "
+            f"for all agents or exactly {num_agents}"
+        )
+    for i, f in enumerate(formatters):
+        if not callable(f):
+            raise TypeError(f"formatters[{i}] is not callable ({type(f).__name__})")
+    return formatters
+
+
+def formatter_failure(i: int, formatter, item: Any, exc: BaseException) -> str:
+    """The message of a formatter that failed on an item: which agent, which formatter, which columns exist."""
+    name = getattr(formatter, "__qualname__", type(formatter).__name__)
+    columns = sorted(item) if isinstance(item, dict) else type(item).__name__
+    return f"the formatter of agent {i + 1} ({name}) failed on an item with columns {columns}: {type(exc).__name__}: {exc}"
