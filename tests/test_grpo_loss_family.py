@@ -39,9 +39,9 @@ from trl_marl.algorithms.grpo import (
 from trl_marl.algorithms.logprobs import token_entropies, token_logprobs
 
 G = 4  # num_generations
-MAXLEN = 8  # max_completion_length
+MAXLEN = 10  # max_completion_length: longer than every completion, so dr_grpo's constant is not the padded width
 TEMPERATURE = 0.7
-EOS = 1  # the tiny tokenizer's <|endoftext|>
+PAD, EOS = 0, 1  # the tiny tokenizer's <|pad|> and <|endoftext|>
 # (prompt, r1, r2) per row, G rows per prompt. None = the reward function returned None (NaN in TRL).
 ROWS = [
     ("the writer and the editor", 1.0, 0.5),
@@ -57,9 +57,10 @@ ROWS = [
     ("count the red stars in the night sky", -2.0, 0.75),
     ("count the red stars in the night sky", 1.5, 2.0),
 ]
-# completions: lengths 2..MAXLEN; those of length MAXLEN without EOS are truncated
-LENGTHS = [3, MAXLEN, 5, 2, MAXLEN, 4, 6, MAXLEN, 7, 3, MAXLEN, 5]
-ENDS_WITH_EOS = [True, False, True, True, True, True, False, False, True, True, False, True]
+# completions: lengths 2..8, ending with EOS, with the pad token (not truncated for TRL either) or cut (truncated:
+# TRL only looks at the last token)
+LENGTHS = [3, 8, 5, 2, 8, 4, 6, 8, 7, 3, 8, 5]
+ENDINGS = ["eos", "cut", "eos", "eos", "eos", "pad", "cut", "cut", "eos", "eos", "cut", "pad"]
 REWARD_WEIGHTS = [1.0, 0.5]
 TOL = dict(atol=2e-6, rtol=1e-5)
 MEASURED: dict[str, float] = {}  # largest |ours - TRL| per quantity, printed at the end (pytest -s)
@@ -76,10 +77,10 @@ def r2(completions, **kw):
 def _completions(vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(7)
     out = []
-    for n, eos in zip(LENGTHS, ENDS_WITH_EOS):
+    for n, end in zip(LENGTHS, ENDINGS):
         ids = torch.randint(4, vocab, (n,), generator=g).tolist()
-        if eos:
-            ids[-1] = EOS
+        if end != "cut":
+            ids[-1] = EOS if end == "eos" else PAD
         out.append(ids)
     return out
 
@@ -108,7 +109,8 @@ def grpo(tiny_path, tmp_path_factory):
     )
     ds = Dataset.from_dict({"prompt": [r[0] for r in ROWS], "r1": [r[1] for r in ROWS], "r2": [r[2] for r in ROWS]})
     trainer = GRPOTrainer(model=tiny_path, reward_funcs=[r1, r2], args=args, train_dataset=ds)
-    assert trainer.eos_token_ids == [EOS] and trainer.accelerator.num_processes == 1
+    assert trainer.eos_token_ids == [EOS] and trainer._tokenizer.pad_token_id == PAD
+    assert trainer.accelerator.num_processes == 1
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in trainer.ref_model.parameters():
@@ -465,7 +467,7 @@ def test_truncation_mask_matches_trl(grpo):
     for b, n in enumerate(LENGTHS):
         full[b, :n] = 1
     truncated = truncated_completions(ids, full, grpo.eos_token_ids, grpo._tokenizer.pad_token_id)
-    assert truncated.tolist() == [not e for e in ENDS_WITH_EOS]
+    assert truncated.tolist() == [e == "cut" for e in ENDINGS]
     assert torch.equal(mask_truncated_completions(full, truncated), inputs["completion_mask"])
 
 
