@@ -63,7 +63,15 @@ LENGTHS = [3, 8, 5, 2, 8, 4, 6, 8, 7, 3, 8, 5]
 ENDINGS = ["eos", "cut", "eos", "eos", "eos", "pad", "cut", "cut", "eos", "eos", "cut", "pad"]
 REWARD_WEIGHTS = [1.0, 0.5]
 TOL = dict(atol=2e-6, rtol=1e-5)
-MEASURED: dict[str, float] = {}  # largest |ours - TRL| per quantity, printed at the end (pytest -s)
+# largest |ours - TRL| and largest |TRL| per quantity, printed at the end of the module (pytest -s)
+MEASURED: dict[str, tuple[float, float]] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_measured_differences():
+    yield
+    for name, (diff, scale) in sorted(MEASURED.items()):
+        print(f"max |ours - TRL| {name}: {diff:.2e} (max |TRL| {scale:.2e})")
 
 
 def r1(completions, **kw):
@@ -247,7 +255,9 @@ def _grads(model) -> torch.Tensor:
 
 def _record(name: str, a: torch.Tensor, b: torch.Tensor) -> float:
     diff = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-    MEASURED[name] = max(MEASURED.get(name, 0.0), diff)
+    scale = float(b.double().abs().max()) if b.numel() else 0.0
+    old = MEASURED.get(name, (0.0, 0.0))
+    MEASURED[name] = (max(old[0], diff), max(old[1], scale))
     return diff
 
 
@@ -360,7 +370,11 @@ def test_every_loss_type_and_reward_scaling_matches_trl(grpo, loss_type, scale_r
     ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()),
 )
 def test_grpo_options_match_trl(grpo, overrides):
-    run_case(grpo, **overrides)
+    m = run_case(grpo, **overrides)
+    if overrides.get("loss_type") == "cispo":
+        assert m["cispo_clip_ratio"] > 0  # the cap is active
+    if overrides.get("loss_type") == "vespo":
+        assert abs(m["vespo/phi_seq_mean"] - 1) > 1e-3  # the Gamma weights are away from phi(1) = 1
 
 
 @pytest.mark.parametrize(
@@ -607,8 +621,31 @@ def test_bad_input_names_the_field_and_allowed_values():
     assert GRPOLossSettings(loss_type="luspo").warnings() and not GRPOLossSettings(loss_type="grpo").warnings()
 
 
-def test_report_measured_differences():
-    """Runs last: prints the largest |ours - TRL| measured above (pytest -s), and checks the grid ran."""
-    assert any(k.startswith("grad/") for k in MEASURED), "the TRL comparison cases did not run"
-    for name, diff in sorted(MEASURED.items()):
-        print(f"max |ours - TRL| {name}: {diff:.2e}")
+# ---------------------------------------------------------------------------------------------------- the field table
+def test_grpo_config_field_table_covers_every_field():
+    """`docs/_drafts/grpo_config_fields.json` classifies exactly TRL's own `GRPOConfig` fields (those not inherited
+    from `TrainingArguments`), each as supported_in_phase2, maps_to:<an existing MAGRPOConfig field> or
+    not_applicable:<reason>; the draft's table names every field."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    import transformers
+    from trl import GRPOConfig
+
+    from trl_marl import MAGRPOConfig
+
+    drafts = Path(__file__).resolve().parents[1] / "docs" / "_drafts"
+    table = json.loads((drafts / "grpo_config_fields.json").read_text())
+    inherited = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    own = [f.name for f in dataclasses.fields(GRPOConfig) if f.name not in inherited]
+    assert list(table) == own
+    ours = {f.name for f in dataclasses.fields(MAGRPOConfig)}
+    for name, value in table.items():
+        kind, _, detail = value.partition(":")
+        assert kind in ("supported_in_phase2", "maps_to", "not_applicable"), name
+        assert (kind == "supported_in_phase2") == (detail == ""), name
+        if kind == "maps_to":
+            assert detail in ours, (name, detail)
+    draft = (drafts / "grpo-loss-family.md").read_text()
+    assert all(f"`{name}`" in draft for name in own), [n for n in own if f"`{n}`" not in draft]
