@@ -235,7 +235,8 @@ def scale_advantages(rewards: torch.Tensor, groups: int | torch.Tensor, scale_re
         A_j = (r_j - mean_g) / (std + 1e-4)         ("group": std of the group; "batch": std of the batch)
 
     with `mean_g, std = group_reward_stats(...)`; a NaN reward (unscorable) or a NaN std gets A_j = 0.
-    Note the baseline is the GROUP mean even for "batch" (PPO-Lite: local mean, global std).
+    Note the baseline is the GROUP mean even for "batch" (PPO-Lite: local mean, global std). `rewards` is the whole
+    generation batch (TRL gathers it from every process first, then each process keeps its slice).
     """
     mean, std = group_reward_stats(rewards, groups, scale_rewards)
     adv = rewards.to(torch.float32).flatten() - mean
