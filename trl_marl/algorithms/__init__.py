@@ -13,7 +13,8 @@ from trl_marl.algorithms.advantages import (
     td_targets,
     tree_returns,
 )
-from trl_marl.algorithms.logprobs import completion_mask, sequence_logprobs, token_logprobs
+from trl_marl.algorithms.grpo import GRPOLossSettings, grpo_loss, multi_objective_advantages, scale_advantages
+from trl_marl.algorithms.logprobs import completion_mask, sequence_logprobs, token_entropies, token_logprobs
 from trl_marl.algorithms.losses import (
     DPO_LOSS_TYPES,
     bradley_terry_loss,
@@ -34,10 +35,13 @@ __all__ = [
     "completion_mask",
     "cross_sample_returns",
     "gae",
+    "GRPOLossSettings",
+    "grpo_loss",
     "group_advantages",
     "k3_kl",
     "linked_gae",
     "madpo_loss",
+    "multi_objective_advantages",
     "DPO_LOSS_TYPES",
     "dpo_pair_loss",
     "joint_dpo_loss",
@@ -45,8 +49,10 @@ __all__ = [
     "policy_gradient_loss",
     "popart_rescale",
     "ppo_clip_loss",
+    "scale_advantages",
     "sequence_logprobs",
     "td_targets",
+    "token_entropies",
     "token_logprobs",
     "tree_returns",
     "value_loss",

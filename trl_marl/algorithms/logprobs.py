@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["completion_mask", "token_logprobs", "sequence_logprobs"]
+__all__ = ["completion_mask", "token_logprobs", "token_entropies", "sequence_logprobs"]
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_ids: int | Iterable[int]) -> torch.Tensor:
@@ -41,6 +41,16 @@ def token_logprobs(logits: torch.Tensor, completion_ids: torch.Tensor, temperatu
     from trl.trainer.utils import selective_log_softmax
 
     return selective_log_softmax(logits, completion_ids, temperature=temperature)
+
+
+def token_entropies(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy `(B, C)` of each position's next-token distribution at `temperature` (differentiable, for an entropy
+    bonus):
+
+        p = softmax(logits / T),   H = - sum_v p_v log p_v
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
 
 
 def sequence_logprobs(token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
