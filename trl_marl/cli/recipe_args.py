@@ -308,6 +308,12 @@ def load_recipe_dataset(recipe_args: RecipeArguments) -> tuple[Any, Any]:
             )
         data = load_dataset(builder, data_files={recipe_args.dataset_train_split: name})
     else:
+        if _looks_local(name):  # never a Hub id: say so now instead of waiting on the Hub and blaming it
+            raise FileNotFoundError(
+                f"dataset_name {name!r}: no such file or folder (a local dataset is a .json / .jsonl / .csv / "
+                ".parquet file, a folder of them, or a `save_to_disk` folder; a Hub id has the form "
+                "'namespace/name')"
+            )
         data = load_dataset(name, name=recipe_args.dataset_config)
     if not isinstance(data, DatasetDict):
         data = DatasetDict({recipe_args.dataset_train_split: data})
@@ -319,6 +325,18 @@ def load_recipe_dataset(recipe_args: RecipeArguments) -> tuple[Any, Any]:
     train = data[recipe_args.dataset_train_split]
     test = data.get(recipe_args.dataset_test_split)
     return train, test
+
+
+def _looks_local(name: str) -> bool:
+    """A name that can only mean a local path: absolute, `./`, `../`, `~`, more than one `/`, a backslash, or a data
+    file's extension."""
+    return (
+        os.path.isabs(name)
+        or name.startswith((".", "~"))
+        or name.count("/") > 1
+        or "\\" in name
+        or name.endswith((".json", ".jsonl", ".csv", ".parquet", ".arrow"))
+    )
 
 
 def _template_formatter(template: str) -> Callable[[dict], str]:
