@@ -7,8 +7,7 @@ import shutil
 import time
 
 import pytest
-
-from tests.conftest import cpu_args, letters_reward
+from conftest import cpu_args, letters_reward
 
 
 def _magrpo(model, tmp_path, **kwargs):
