@@ -367,3 +367,28 @@ def test_resume_and_push_flags_reach_the_trainer(tmp_path, tiny_path):
     assert t.resumed == str(tmp_path / "checkpoint-2") and t.pushed == ("pushed", None)
     assert t.before_reward is None and t.after_reward == 0.75  # no "before" on a resumed run; train()'s final eval
     assert t.kwargs["model"] == tiny_path and t.kwargs["peft_config"] is None and callable(t.kwargs["reward_funcs"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--some_unknown_flag", "1"], "unknown flag --some_unknown_flag."),
+        (["--num_agent", "3"], "unknown flag --num_agent (did you mean --num_agents?)"),  # no prefix matching
+        (["--critic_learning_rate", "1e-4"], "unknown flag --critic_learning_rate"),  # another command's flag
+    ],
+)
+def test_unknown_or_abbreviated_flag_is_one_line_naming_the_closest_flags(argv, message, capsys):
+    for run in (lambda: cli_main(["madpo", *argv]), lambda: run_command("madpo", argv)):  # the command and a recipe
+        with pytest.raises(SystemExit) as exit_info:
+            run()
+        text = str(exit_info.value.code)
+        assert text.startswith("trl-marl madpo: ") and message in text and "\n" not in text
+        assert "usage:" not in capsys.readouterr().out  # not accelerate's (or argparse's) whole usage
+
+
+def test_unknown_yaml_key_names_the_file_and_the_closest_field(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("num_agentz: 3\nlearning_rate: 0.1\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["magrpo", "--config", str(config)])
+    assert f"unknown key 'num_agentz' in --config {config} (did you mean num_agents?)" in str(exit_info.value.code)

@@ -504,3 +504,39 @@ def test_agent_team_save_pretrained_and_push_to_hub(hub, trained, tmp_path):
     assert {"team.json", "README.md", "agent_1/model.safetensors", "agent_2/tokenizer.json"} <= set(files)
     pulled = AgentTeam.from_pretrained("tester/saved-team", cache_dir=str(tmp_path / "cache"), token=TOKEN)
     assert pulled.roles == team.roles and _weights_equal(pulled.agents[1], team.agents[1])
+
+
+@pytest.mark.parametrize("network", ["unreachable", "offline_mode"])
+def test_push_to_hub_without_the_hub_names_the_hub_the_repo_and_how_to_run_offline(network, tiny_path, tmp_path):
+    """`push_to_hub=True` with no Hub fails in the constructor (transformers creates the repo there) with a message that
+    says "Hub", the endpoint, the repository and the offline route, not a bare `ConnectError`."""
+    from huggingface_hub import constants
+
+    from trl_marl import MAGRPOConfig, MAGRPOTrainer, load_task
+    from trl_marl.hub import HubError
+
+    task = load_task("coordination")
+    args = MAGRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        num_agents=2,
+        num_generations=2,
+        max_completion_length=6,
+        rollout_buffer_size=2,
+        report_to="none",
+        push_to_hub=True,
+        hub_model_id="someone/team",
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+        mp.setattr(constants, "HF_HUB_OFFLINE", network == "offline_mode")
+        with pytest.raises(HubError) as err:
+            MAGRPOTrainer(
+                model=tiny_path,
+                reward_funcs=task.reward_func,
+                formatters=task.formatters,
+                args=args,
+                train_dataset=task.train_dataset,
+            )
+    message = str(err.value)
+    assert "Hugging Face Hub (http://127.0.0.1:9) could not create the repository someone/team" in message
+    assert "push_to_hub=False" in message and "HF_HUB_OFFLINE=1" in message

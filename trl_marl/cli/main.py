@@ -134,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "env":
         print_env()
         return 0
-    if (
-        command == "estimate"
-    ):  # trl_marl.distributed.memory: `trl-marl estimate MODEL --num_agents 2 --engine zero3 ...`
+    if command == "estimate":  # `trl-marl estimate MODEL --num_agents 2 --engine zero3 ...`
         from trl_marl.distributed.memory import main as estimate_main
 
         return estimate_main(rest)
@@ -146,10 +144,18 @@ def main(argv: list[str] | None = None) -> int:
 
     from trl_marl.cli.recipes import make_parser
 
-    # Handles --help (exits). What the recipe's parser does not know goes to `accelerate launch`.
-    *_, config_remaining, cli_remaining = make_parser(command).parse_args_and_config(
+    # Handles --help (exits). What the recipe's parser does not know goes to `accelerate launch`, if accelerate
+    # knows it: anything else is a one-line error here, not accelerate's whole usage.
+    recipe_parser = make_parser(command)
+    *_, config_remaining, cli_remaining = recipe_parser.parse_args_and_config(
         rest, return_remaining_strings=True, separate_remaining_strings=True
     )
+    from accelerate.commands.launch import launch_command_parser
+
+    from trl_marl.cli.recipe_args import check_unknown_flags, option_flags
+
+    accelerate_flags = option_flags(launch_command_parser())
+    check_unknown_flags(f"trl-marl {command}", recipe_parser, config_remaining, cli_remaining, rest, accelerate_flags)
     launch_args = config_remaining + cli_remaining
     if accelerate_config is None and not launch_args:
         from trl_marl.cli.recipes import run_command

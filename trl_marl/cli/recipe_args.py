@@ -9,9 +9,10 @@ minutes on a CPU and visibly learns.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,13 +170,18 @@ def parse_recipe_args(
     if description is None:  # the calling recipe's module docstring
         description = sys._getframe(1).f_globals.get("__doc__") or ""
     parser_kwargs = dict(
-        description=description.rstrip() + "\n\n" + CONFIG_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description.rstrip() + "\n\n" + CONFIG_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # a prefix of a flag is an unknown flag, never silently that flag
     )
 
     def parser():
         return TrlParser((script_args_cls, config_cls), prog=prog, **parser_kwargs)
 
-    recipe_args, config = parser().parse_args_and_config(args=argv)
+    recipe_args, config, config_remaining, cli_remaining = parser().parse_args_and_config(
+        args=argv, return_remaining_strings=True, separate_remaining_strings=True
+    )
+    check_unknown_flags(prog or "trl-marl", parser(), config_remaining, cli_remaining, argv or sys.argv[1:])
     merged = dict(defaults or {})
     if recipe_args.model_name_or_path is None and recipe_args.agent_models is None:
         merged = {**TINY_DEFAULTS, **(tiny_defaults or {}), **merged}
@@ -189,9 +195,49 @@ def parse_recipe_args(
     if overrides:
         p = parser()
         p.set_defaults(**overrides)
-        recipe_args, config = p.parse_args_and_config(args=argv)
+        recipe_args, config, *_ = p.parse_args_and_config(
+            args=argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
     recipe_args.explicit = explicit
     return recipe_args, config
+
+
+def option_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The `--long` flags `parser` accepts."""
+    return [opt for action in parser._actions for opt in action.option_strings if opt.startswith("--")]
+
+
+def check_unknown_flags(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    config_remaining: list[str],
+    cli_remaining: list[str],
+    argv: list[str],
+    allowed: Sequence[str] = (),
+) -> None:
+    """Flags and `--config` YAML keys that `parser` does not know (and that are not in `allowed`, e.g. `accelerate
+    launch`'s): exit with ONE line naming each and the closest known flags, instead of a traceback or accelerate's
+    whole usage."""
+    import difflib
+
+    known = [f for f in (*option_flags(parser), *allowed) if "-" not in f[2:]]  # `--num_agents`, not `--num-agents`
+    config_file = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
+    problems = []
+    for in_config, remaining in ((False, cli_remaining), (True, config_remaining)):
+        for token in remaining:
+            flag = token.split("=", 1)[0]
+            if not flag.startswith("--") or flag in allowed:
+                continue
+            close = difflib.get_close_matches(flag.replace("-", "_"), known, n=3, cutoff=0.6)
+            if in_config:
+                close = [c[2:] for c in close]
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            where = f"key {flag[2:]!r} in --config {config_file}" if in_config else f"flag {flag}"
+            problems.append(f"unknown {where}{hint}")
+    if problems:
+        raise SystemExit(
+            f"{prog}: {'; '.join(problems)}. `{prog} --help` lists every flag; flags are never abbreviated"
+        )
 
 
 def _field_default(cls: type, name: str) -> Any:
@@ -262,6 +308,12 @@ def load_recipe_dataset(recipe_args: RecipeArguments) -> tuple[Any, Any]:
             )
         data = load_dataset(builder, data_files={recipe_args.dataset_train_split: name})
     else:
+        if _looks_local(name):  # never a Hub id: say so now instead of waiting on the Hub and blaming it
+            raise FileNotFoundError(
+                f"dataset_name {name!r}: no such file or folder (a local dataset is a .json / .jsonl / .csv / "
+                ".parquet file, a folder of them, or a `save_to_disk` folder; a Hub id has the form "
+                "'namespace/name')"
+            )
         data = load_dataset(name, name=recipe_args.dataset_config)
     if not isinstance(data, DatasetDict):
         data = DatasetDict({recipe_args.dataset_train_split: data})
@@ -273,6 +325,18 @@ def load_recipe_dataset(recipe_args: RecipeArguments) -> tuple[Any, Any]:
     train = data[recipe_args.dataset_train_split]
     test = data.get(recipe_args.dataset_test_split)
     return train, test
+
+
+def _looks_local(name: str) -> bool:
+    """A name that can only mean a local path: absolute, `./`, `../`, `~`, more than one `/`, a backslash, or a data
+    file's extension."""
+    return (
+        os.path.isabs(name)
+        or name.startswith((".", "~"))
+        or name.count("/") > 1
+        or "\\" in name
+        or name.endswith((".json", ".jsonl", ".csv", ".parquet", ".arrow"))
+    )
 
 
 def _template_formatter(template: str) -> Callable[[dict], str]:

@@ -145,7 +145,8 @@ def make_parser(name: str, prog: str | None = None):
     from trl import TrlParser
 
     recipe = RECIPES[name]
-    return TrlParser((recipe.script_args, recipe.config_class()), prog=prog or f"trl-marl {name}")
+    # allow_abbrev=False: `--num_agent 3` must not be taken as `--num_agents 3` (a prefix is an unknown flag)
+    return TrlParser((recipe.script_args, recipe.config_class()), prog=prog or f"trl-marl {name}", allow_abbrev=False)
 
 
 def run_command(name: str, argv: list[str] | None = None, description: str | None = None) -> Any:

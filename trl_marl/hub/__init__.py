@@ -23,6 +23,7 @@ a card, `team.json` or an uploaded file, and `training_args.bin` -- a pickle tha
 from trl_marl.hub.cards import build_agent_card, build_team_card, write_model_cards
 from trl_marl.hub.loader import AgentTeam
 from trl_marl.hub.push import (
+    HubError,
     init_trainer_repos,
     push_team_to_hub,
     push_trainer,
@@ -48,6 +49,7 @@ from trl_marl.hub.settings import (
 
 __all__ = [
     "AgentTeam",
+    "HubError",
     "CARD_FILE",
     "DOWNLOAD_IGNORE",
     "HUB_STRATEGIES",

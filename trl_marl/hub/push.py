@@ -8,14 +8,17 @@ trainer's documented attributes: `args`, `num_agents`, `save_model`, `is_world_p
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import huggingface_hub
+import huggingface_hub.errors
 from huggingface_hub import HfApi
 
 from trl_marl.hub.cards import write_model_cards
@@ -45,6 +48,43 @@ def _api() -> HfApi:
     return _APIS[endpoint]
 
 
+class HubError(RuntimeError):
+    """A Hub request that failed: the message names the Hub endpoint, the repository and how to run offline."""
+
+
+OFFLINE_ADVICE = (
+    "To train without the Hub, set push_to_hub=False (a saved team can be pushed later with "
+    "`trainer.push_to_hub()` or `trl_marl.push_team_to_hub(output_dir, repo_id)`); HF_HUB_OFFLINE=1 keeps every "
+    "library off the network."
+)
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP clients' error bases: huggingface_hub moved from `httpx` to `httpx2` (1.x); catch whichever exists."""
+    errors: list[type[BaseException]] = [OSError, ValueError, huggingface_hub.errors.HfHubHTTPError]
+    for client in ("httpx", "httpx2"):
+        with contextlib.suppress(ImportError):
+            errors.append(importlib.import_module(client).HTTPError)
+    return tuple(errors)
+
+
+@contextlib.contextmanager
+def _on_the_hub(action: str, repo_ids: str | Sequence[str] | None) -> Iterator[None]:
+    """Turn a failed Hub request (no network, offline mode, refused, unauthorized, ...) into a `HubError` that says
+    what was being done to which repository on which endpoint, and how to run offline."""
+    try:
+        yield
+    except HubError:
+        raise
+    except _transport_errors() as exc:
+        repos = [repo_ids] if isinstance(repo_ids, str) else list(repo_ids or [])
+        where = ", ".join(repos) or "(no repository)"
+        raise HubError(
+            f"the Hugging Face Hub ({huggingface_hub.constants.ENDPOINT}) could not {action} {where}: "
+            f"{type(exc).__name__}: {exc}. {OFFLINE_ADVICE}"
+        ) from exc
+
+
 def _create_repos(
     layout: str,
     repo_id: str | Sequence[str],
@@ -57,14 +97,16 @@ def _create_repos(
     if layout == "team":
         if not isinstance(repo_id, str):
             raise ValueError("hub_team_layout='team' pushes to ONE repo: pass repo_id as a string")
-        return api.create_repo(repo_id, token=token, private=private, exist_ok=True).repo_id, None
+        with _on_the_hub("create the repository", repo_id):
+            return api.create_repo(repo_id, token=token, private=private, exist_ok=True).repo_id, None
     if isinstance(repo_id, str):
         ids = [agent_repo_id(repo_id, i + 1) for i in range(num_agents)]
     else:
         ids = list(repo_id)
         if len(ids) != num_agents:
             raise ValueError(f"got {len(ids)} per-agent repo ids for a team of {num_agents} agents")
-    resolved = [api.create_repo(r, token=token, private=private, exist_ok=True).repo_id for r in ids]
+    with _on_the_hub("create the repositories", ids):
+        resolved = [api.create_repo(r, token=token, private=private, exist_ok=True).repo_id for r in ids]
     base = None
     if isinstance(repo_id, str):
         suffix = "-agent-1"
@@ -87,8 +129,8 @@ def _upload(
     """Upload a saved team (cards already written) in `layout`; one commit per repo."""
     api = _api()
     if layout == "team":
-        return [
-            api.upload_folder(
+        with _on_the_hub("upload the team to", team_repo_id):
+            upload = api.upload_folder(
                 repo_id=team_repo_id,
                 folder_path=str(folder),
                 commit_message=commit_message,
@@ -98,7 +140,7 @@ def _upload(
                 allow_patterns=["*/*", TEAM_FILE, CARD_FILE],
                 ignore_patterns=list(UPLOAD_IGNORE),
             )
-        ]
+        return [upload]
     entries = _agent_entries(description)
     results = []
     for i, (entry, repo) in enumerate(zip(entries, agent_repo_ids)):
@@ -109,17 +151,18 @@ def _upload(
         own = {**description, "hub": {"layout": "per_agent", "agent_index": i, "repo_ids": list(agent_repo_ids)}}
         with open(os.path.join(sub, TEAM_FILE), "w", encoding="utf-8") as f:
             json.dump(own, f, indent=2)
-        results.append(
-            api.upload_folder(
-                repo_id=repo,
-                folder_path=sub,
-                commit_message=commit_message,
-                token=token,
-                revision=revision,
-                run_as_future=run_as_future,
-                ignore_patterns=list(UPLOAD_IGNORE),
+        with _on_the_hub(f"upload agent {i + 1} to", repo):
+            results.append(
+                api.upload_folder(
+                    repo_id=repo,
+                    folder_path=sub,
+                    commit_message=commit_message,
+                    token=token,
+                    revision=revision,
+                    run_as_future=run_as_future,
+                    ignore_patterns=list(UPLOAD_IGNORE),
+                )
             )
-        )
     return results
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "MODEL_CONFIG_KEYS",
     "loading_kwargs",
     "check_model_source",
+    "check_tokenizer_folder",
     "load_agents",
     "load_tokenizers",
     "eos_token_ids",
@@ -62,15 +63,76 @@ def _name_or_path(model: Any) -> str:
     return getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
 
 
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+# any one of these makes a folder loadable by AutoTokenizer (a fast tokenizer, sentencepiece, BPE or WordPiece vocab)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+)
+
+
 def check_model_source(src: str) -> None:
-    """A model id that can only be a local folder (absolute, `./`, `../`, `~`, or more than one `/`) must exist;
-    transformers would otherwise report "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"."""
-    if os.path.exists(os.path.expanduser(src)):
+    """A model id that can only be a local folder (absolute, `./`, `../`, `~`, or more than one `/`) must exist, and
+    an existing folder must be a model: transformers would otherwise report "Repo id must be in the form ...", load an
+    adapter folder's base with frozen weights ("optimizer got an empty parameter list"), or fail on missing weights.
+    Each case is a `FileNotFoundError` / `ValueError` naming the folder and the fix."""
+    path = os.path.expanduser(src)
+    if os.path.isdir(path):
+        _check_model_folder(src, path)
         return
+    if os.path.exists(path):
+        raise ValueError(
+            f"model {src!r} is a file; pass the folder a model was saved to (save_pretrained) or a Hub id"
+        )
     if os.path.isabs(src) or src.startswith((".", "~")) or src.count("/") > 1 or "\\" in src:
         raise FileNotFoundError(
             f"model folder not found: {src!r} (no such local folder; check the path -- a Hub id has the form "
             "'namespace/repo_name')"
+        )
+
+
+def _check_model_folder(src: str, path: str) -> None:
+    files = set(os.listdir(path))
+    if "config.json" not in files and "adapter_config.json" in files:
+        import json
+
+        with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as f:
+            base = json.load(f).get("base_model_name_or_path") or "its base model"
+        raise ValueError(
+            f"model {src!r} is a PEFT adapter folder (adapter_config.json), not a model: pass model={base!r} with "
+            "peft_config=LoraConfig(...) to train a new adapter, or load this one as a trainable agent object, "
+            f"`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({base!r}), {src!r}, is_trainable=True)`, "
+            "and pass model=[that object, ...] with processing_class="
+        )
+    if "config.json" not in files:
+        raise FileNotFoundError(
+            f"model folder {src!r} has no config.json: it is not a saved transformers model (save one with "
+            "`model.save_pretrained(folder)`; a trl_marl team folder holds one model per agent_i/ subfolder)"
+        )
+    if not files & set(WEIGHT_FILES) and not any(f.endswith((".safetensors", ".bin")) for f in files):
+        raise FileNotFoundError(
+            f"model folder {src!r} has a config.json but no weights (model.safetensors or pytorch_model.bin): the save "
+            "was interrupted or the weights were not copied; save the model again with `save_pretrained`"
+        )
+
+
+def check_tokenizer_folder(src: str) -> None:
+    """An existing local folder a tokenizer is loaded from must hold tokenizer files (else AutoTokenizer's error is
+    "install sentencepiece" or similar, which does not name the folder)."""
+    path = os.path.expanduser(src)
+    if os.path.isdir(path) and not set(os.listdir(path)) & set(TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"tokenizer files missing in {src!r} (none of {', '.join(TOKENIZER_FILES)}): save the tokenizer there with "
+            "`tokenizer.save_pretrained(folder)`, or pass processing_class= (one tokenizer, or one per agent)"
         )
 
 
@@ -110,6 +172,7 @@ def load_tokenizers(tokenizer: Any, names: Sequence[str], num_agents: int, sourc
             if not isinstance(src, (str, os.PathLike)):
                 raise ValueError("tokenizer is required when agents are given as model objects")
             if name not in cache:
+                check_tokenizer_folder(name)
                 cache[name] = AutoTokenizer.from_pretrained(name)
             toks.append(cache[name])
     elif isinstance(tokenizer, (list, tuple)):
