@@ -80,7 +80,6 @@ class EnvironmentSpec:
     has_reward: bool
     has_tools_for: bool
     has_is_done: bool
-    has_done_attribute: bool
     has_clone: bool
     has_on_message: bool
     has_observe: bool
@@ -128,7 +127,6 @@ class EnvironmentSpec:
             has_reward="get_reward" in functions,
             has_tools_for="tools_for" in functions,
             has_is_done="is_done" in functions,
-            has_done_attribute=hasattr(env, "done"),
             has_clone="clone" in functions,
             has_on_message="on_message" in functions,
             has_observe="observe" in functions,

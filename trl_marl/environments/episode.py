@@ -100,10 +100,13 @@ def per_agent_tools(tools: Sequence[Any] | None, num_agents: int) -> list[list[T
 
 
 def merge_user_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Copy of `messages` with runs of consecutive plain-text user messages joined by a blank line."""
+    """Copy of `messages` without empty user messages and with runs of consecutive plain-text user messages joined
+    by a blank line."""
     out: list[dict] = []
     for m in messages:
         m = dict(m)
+        if m.get("role") == "user" and m.get("content") == "":
+            continue  # an empty prompt before the environment's text
         prev = out[-1] if out else None
         if (
             prev is not None
@@ -267,10 +270,11 @@ class Branch:
             return
         if self.spec.has_is_done:
             flag = check_done(self._call("is_done", log=False), self.spec.label, "is_done()")
-        elif self.spec.has_done_attribute:
-            flag = check_done(self.env.done, self.spec.label, "done")
         else:
-            return
+            value = getattr(self.env, "done", None)  # read each time: it may appear only after reset()
+            if value is None:
+                return
+            flag = check_done(value, self.spec.label, "done")
         if flag:
             self.done, self.done_reason = True, "environment"
 

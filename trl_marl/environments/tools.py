@@ -58,19 +58,19 @@ AGENT_INDEX_ARG = "agent_index"
 # the built-in game). Tool calls are written as `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, the
 # format of TRL's `qwen3_template` response template, which `use_compact_tool_template` sets for parsing.
 COMPACT_TOOL_CHAT_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nTools:\n{%- for tool in tools %}\n"
-    "{{ (tool.function if tool.function is defined else tool) | tojson }}{%- endfor %}\n"
-    'Call: <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call><|im_end|>\n{%- endif %}'
-    "{%- for message in messages %}"
-    "{%- if message.role == 'tool' %}<|im_start|>tool\n{{ message.content }}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content if message.content is string else '' }}"
-    "{%- if message.tool_calls %}{%- for call in message.tool_calls %}"
-    "{%- set fn = call.function if call.function is defined else call %}"
-    '<tool_call>\n{"name": "{{ fn.name }}", "arguments": '
-    "{{ fn.arguments if fn.arguments is string else fn.arguments | tojson }}}\n</tool_call>"
-    "{%- endfor %}{%- endif %}<|im_end|>\n{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    "{% if tools %}{{ '<|im_start|>system\nTools:' }}{% for tool in tools %}"
+    "{{ '\n' + ((tool.function if tool.function is defined else tool) | tojson) }}{% endfor %}"
+    '{{ \'\nCall: <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call><|im_end|>\n\' }}{% endif %}'
+    "{% for message in messages %}"
+    "{% if message.role == 'tool' %}{{ '<|im_start|>tool\n' + message.content + '<|im_end|>\n' }}"
+    "{% else %}{{ '<|im_start|>' + message.role + '\n' }}{% if message.content is string %}{{ message.content }}{% endif %}"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}"
+    "{% set fn = call.function if call.function is defined else call %}"
+    '{{ \'<tool_call>\n{"name": "\' + fn.name + \'", "arguments": \' }}'
+    "{{ fn.arguments if fn.arguments is string else (fn.arguments | tojson) }}{{ '}\n</tool_call>' }}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 
