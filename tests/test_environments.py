@@ -780,3 +780,39 @@ def test_package_depends_on_no_trainer_code():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_environment_calls_have_a_timeout():
+    release = threading.Event()
+
+    class Slow:
+        def reset(self, hang: str = "", **item):
+            self.hang = hang
+            if hang == "reset":
+                release.wait(10)
+            return None
+
+        def on_message(self, agent_index, text):
+            if self.hang == "on_message":
+                release.wait(10)
+
+        async def get_reward(self):
+            await asyncio.sleep(10 if self.hang == "get_reward" else 0)
+            return 1.0
+
+    cfg = EpisodeConfig(num_agents=2, max_turns=3, environment_timeout=0.2)
+    reg = EnvironmentRegistry(Slow)
+    with pytest.raises(TimeoutError, match=r"Slow.reset\(\) did not return within 0.2 s"):
+        start_branches(cfg, [{"hang": "reset"}], lambda it: ["a", "b"], registry=reg)
+    bs = start_branches(cfg, [{"hang": "on_message"}, {"hang": "get_reward"}], lambda it: ["a", "b"], registry=reg)
+    start = time.perf_counter()
+    play(bs, echo)
+    assert bs[0].done_reason == "environment_timeout" and bs[0].turns_acted == [1, 0] and bs[0].environment_timeouts
+    assert bs[1].done_reason == "max_turns" and bs[0].reward() == [1.0, 1.0]
+    with pytest.raises(TimeoutError, match=r"Slow.get_reward\(\) did not return within 0.2 s"):
+        bs[1].reward()  # an async get_reward is cancelled
+    assert time.perf_counter() - start < 3
+    assert episode_metrics(bs[:1])["episodes/environment_timeouts"] == 1
+    release.set()
+    with pytest.raises(ValueError, match="environment_timeout must be a positive number or None"):
+        EpisodeConfig(num_agents=2, environment_timeout=0)

@@ -124,7 +124,10 @@ def merge_user_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
 class EpisodeConfig:
     """How episodes run: `num_agents`; `turn_order`; `max_turns` (turns per episode; every agent position once per
     turn); `max_tool_calling_iterations` (tool rounds per agent turn, `None` = unbounded as TRL's default);
-    `agent_names` (how others' messages are labelled, default "Agent 1", ...); `message_template`."""
+    `agent_names` (how others' messages are labelled, default "Agent 1", ...); `message_template`;
+    `environment_timeout` (seconds for any environment method other than a tool call, `None` = no limit: a hook
+    past it ends its branch with `done_reason="environment_timeout"`; `reset` or `get_reward` past it raise
+    `TimeoutError`). Tool calls have the `ToolExecutor`'s timeout."""
 
     num_agents: int
     turn_order: str = "sequential"
@@ -132,6 +135,7 @@ class EpisodeConfig:
     max_tool_calling_iterations: int | None = None
     agent_names: tuple[str, ...] | None = None
     message_template: str = "{name}: {text}"
+    environment_timeout: float | None = 60.0
 
     def __post_init__(self):
         if not isinstance(self.num_agents, int) or self.num_agents < 1:
@@ -143,6 +147,9 @@ class EpisodeConfig:
         m = self.max_tool_calling_iterations
         if m is not None and (not isinstance(m, int) or m < 0):
             raise ValueError(f"EpisodeConfig.max_tool_calling_iterations must be an int >= 0 or None, got {m!r}")
+        t = self.environment_timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
+            raise ValueError(f"EpisodeConfig.environment_timeout must be a positive number or None, got {t!r}")
         if self.agent_names is not None and len(self.agent_names) != self.num_agents:
             raise ValueError(
                 f"EpisodeConfig.agent_names must name every agent ({self.num_agents}), got {len(self.agent_names)}"
@@ -203,6 +210,7 @@ class Branch:
     uid: int = field(default_factory=lambda: next(_uids))
     _pending: list[tuple[int, str]] = field(default_factory=list)  # simultaneous: messages to deliver at turn end
     _turn_start: list[int] = field(default_factory=list)  # per agent, history length when its turn began
+    environment_timeouts: int = 0
     _reward: tuple[list[float], bool] | None = None
 
     # ------------------------------------------------------------------------------------------------ creation
@@ -257,19 +265,38 @@ class Branch:
         return b
 
     def _call(self, method: str, args: tuple = (), kwargs: Mapping[str, Any] | None = None, log: bool = True):
-        """Call an environment method (awaiting it when async) and record it for replay."""
+        """Call an environment method (awaiting it when async) within `config.environment_timeout`, and record it
+        for replay. Past the timeout the call is stopped (async) or abandoned (sync) and `TimeoutError` raised."""
         kwargs = dict(kwargs or {})
-        out = (self.executor or default_executor()).call_soon(getattr(self.env, method), *args, **kwargs)
+        executor = self.executor or default_executor()
+        fn, limit = getattr(self.env, method), self.config.environment_timeout
+        try:
+            out = (
+                executor.call_soon(fn, *args, **kwargs)
+                if limit is None
+                else executor.call_with_timeout(fn, limit, *args, **kwargs)
+            )
+        except TimeoutError as e:
+            self.environment_timeouts += 1
+            raise TimeoutError(f"{self.spec.label}.{method}() did not return within {limit:g} s") from e
         if log:
             self.env_log.append((method, args, kwargs))
         return out
+
+    def _hook(self, method: str, args: tuple = (), log: bool = True, default: Any = None) -> Any:
+        """`_call` for a hook whose timeout ends the branch (reason `"environment_timeout"`) instead of the run."""
+        try:
+            return self._call(method, args, log=log)
+        except TimeoutError:
+            self.done, self.done_reason = True, "environment_timeout"
+            return default
 
     # ------------------------------------------------------------------------------------------ turn protocol
     def _check_done(self) -> None:
         if self.done or self.env is None:
             return
         if self.spec.has_is_done:
-            flag = check_done(self._call("is_done", log=False), self.spec.label, "is_done()")
+            flag = check_done(self._hook("is_done", log=False, default=True), self.spec.label, "is_done()")
         else:
             value = getattr(self.env, "done", None)  # read each time: it may appear only after reset()
             if value is None:
@@ -284,10 +311,8 @@ class Branch:
         if self.done:
             return False
         if self.env is not None and self.spec.has_active_agents:
-            active = check_active_agents(
-                self._call("active_agents", log=False), self.config.num_agents, self.spec.label
-            )
-            return agent in active
+            active = self._hook("active_agents", log=False, default=[])
+            return not self.done and agent in check_active_agents(active, self.config.num_agents, self.spec.label)
         return True
 
     def begin(self, agent: int) -> None:
@@ -297,7 +322,7 @@ class Branch:
         if self.acting[agent]:
             raise RuntimeError(f"Branch.begin({agent}): the agent's turn has already begun")
         if self.env is not None and self.spec.has_observe:
-            text = self._call("observe", (agent,))
+            text = self._hook("observe", (agent,))
             if text is not None and not isinstance(text, str):
                 raise TypeError(
                     f"{self.spec.label}.observe({agent}) must return a str or None, got {type(text).__name__}"
@@ -386,7 +411,7 @@ class Branch:
 
     def _deliver(self, agent: int, text: str) -> None:
         if self.env is not None and self.spec.has_on_message and not self.done:
-            self._call("on_message", (agent, text))
+            self._hook("on_message", (agent, text))
         if text and (self.spec is None or self.spec.share_messages):
             content = self.config.message_template.format(name=self.config.name(agent), text=text)
             for i in range(self.config.num_agents):
@@ -461,7 +486,8 @@ class Branch:
 
 def episode_metrics(branches: Sequence[Branch]) -> dict[str, float]:
     """Means over `branches` of `Branch.metrics()` (TRL's `tools/call_frequency` is `agent_i/tools/calls` here,
-    calls per episode), plus `episodes/turns` and `episodes/ended_by_environment` (fraction)."""
+    calls per episode), plus `episodes/turns`, `episodes/ended_by_environment` (fraction) and
+    `episodes/environment_timeouts` (per episode)."""
     if not branches:
         return {}
     per = [b.metrics() for b in branches]
@@ -469,4 +495,5 @@ def episode_metrics(branches: Sequence[Branch]) -> dict[str, float]:
     out = {k: sum(m[k] for m in per if k in m) / sum(k in m for m in per) for k in keys}
     out["episodes/turns"] = sum(b.turn for b in branches) / len(branches)
     out["episodes/ended_by_environment"] = sum(b.done_reason == "environment" for b in branches) / len(branches)
+    out["episodes/environment_timeouts"] = sum(b.environment_timeouts for b in branches) / len(branches)
     return out

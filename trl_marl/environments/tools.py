@@ -389,6 +389,19 @@ class ToolExecutor:
             return asyncio.run_coroutine_threadsafe(_await(result), self.loop).result()
         return result
 
+    def call_with_timeout(self, fn: Callable[..., Any], timeout: float, *args, **kwargs) -> Any:
+        """`call_soon` with a limit: a coroutine function is cancelled, a sync one (run in a thread of its own) is
+        abandoned after `timeout` seconds, and `TimeoutError` is raised."""
+
+        async def timed():
+            if inspect.iscoroutinefunction(fn):
+                return await asyncio.wait_for(fn(*args, **kwargs), timeout)
+            loop = asyncio.get_running_loop()
+            value = await asyncio.wait_for(_in_thread(loop, functools.partial(fn, *args, **kwargs)), timeout)
+            return await value if inspect.isawaitable(value) else value
+
+        return asyncio.run_coroutine_threadsafe(timed(), self.loop).result()
+
     # -- execution
     def run(self, requests: Sequence[ToolCallRequest]) -> list[ToolResult]:
         """Execute `requests`; returns one `ToolResult` per request, in the same order. Never raises for a tool's
