@@ -32,7 +32,7 @@ def shared_reward(c1, c2):
 
 def per_agent_reward(c1, c2):
     """Agent 1 is paid for length, agent 2 for brevity: their TD errors must differ."""
-    return [[len(a) / 10, -len(b) / 10 - 1.0] for a, b in zip(c1, c2)]
+    return [(len(a) / 10, -len(b) / 10 - 1.0) for a, b in zip(c1, c2)]  # one tuple per joint action
 
 
 def transition(prompt, agent_completions, num_agents, **_):

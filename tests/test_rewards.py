@@ -145,3 +145,41 @@ def test_processor_that_produces_nan_is_an_error():
     fn = RewardFunction(lambda c1, c2: [1.0, 0.0, 1.0], 2, processor=lambda r: math.nan if r == 0 else r)
     with pytest.raises(ValueError, match="reward_processor.*index 1"):
         fn([A, B])
+
+
+def test_per_agent_rewards_are_one_tuple_per_joint_action_and_never_read_transposed():
+    rf = RewardFunction(lambda c1, c2: list(zip([1.0, 2.0], [3.0, 4.0])), num_agents=2, allow_per_agent=True)
+    assert rf.raw([["a", "b"], ["c", "d"]]).tolist() == [[1.0, 3.0], [2.0, 4.0]]  # J=2 rows of n=2
+    # the same numbers as one list per agent: with J == n a list of lists reads both ways -> refused, never guessed
+    columns = RewardFunction(lambda c1, c2: [[1.0, 2.0], [3.0, 4.0]], num_agents=2, allow_per_agent=True)
+    with pytest.raises(ValueError, match="a list of lists reads both ways, so only tuples are taken"):
+        columns.raw([["a", "b"], ["c", "d"]])
+    # J != n: one list per agent is recognised as transposed
+    three = RewardFunction(lambda c1, c2: [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], num_agents=2, allow_per_agent=True)
+    with pytest.raises(ValueError, match=r"returned 2 lists of 3: .*looks transposed"):
+        three.raw([["a", "b", "c"], ["d", "e", "f"]])
+    # where the shape cannot be read both ways a list of lists is rows, as documented
+    rows = RewardFunction(lambda c1, c2: [[1.0, 2.0]] * 3, num_agents=2, allow_per_agent=True)
+    assert rows.raw([["a", "b", "c"], ["d", "e", "f"]]).shape == (3, 2)
+
+
+def test_rewards_beyond_float32_safe_magnitude_are_refused():
+    huge = RewardFunction(lambda c1, c2: [1e38] * len(c1), num_agents=2)
+    with pytest.raises(ValueError, match=r"returned 1e\+38 at index 0; rewards must lie within \+-1e\+15"):
+        huge.raw([["a"], ["b"]])
+    scaled = RewardFunction(lambda c1, c2: [1.0] * len(c1), num_agents=2, processor=lambda r: r * 1e38)
+    with pytest.raises(ValueError, match=r"reward_processor turned the reward .* into 1e\+38"):
+        scaled([["a"], ["b"]])
+
+
+def test_a_two_argument_reward_on_a_team_of_one_is_not_guessed():
+    def two_agents(helper, coder):  # a 2-agent reward, but num_agents=1: (prompts, completions)? never guessed
+        return [1.0] * len(helper)
+
+    with pytest.raises(TypeError, match=r"takes 2 positional arguments with num_agents=1: .*set num_agents=2"):
+        RewardFunction(two_agents, num_agents=1)
+
+    def prompts_first(prompts, completions):
+        return [float(p == "p" and c == "c") for p, c in zip(prompts, completions)]
+
+    assert RewardFunction(prompts_first, num_agents=1).raw([["c"]], prompts=["p"]).tolist() == [1.0]

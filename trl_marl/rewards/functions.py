@@ -28,8 +28,12 @@ get agent 2's completions as `solution`. TRL's per-completion reward functions (
 `f(completions, **columns)`) are lifted to the team with `lift(func)` (each agent's completions, combined) or
 `lift(func, agent=i)` (one agent's).
 
-It returns one float per joint action (the shared team reward) or, where a trainer supports it, one list of n floats
-per joint action (per-agent rewards). NaN, inf or a wrong length is an error naming the function and the index.
+It returns one float per joint action (the shared team reward) or, where a trainer supports it, one tuple of n floats
+per joint action (per-agent rewards, `[(r_agent_1, ..., r_agent_n), ...]`, e.g. `list(zip(r1, r2))`). A list of lists
+(or a 2-D array) is read the same way when it cannot be read transposed; with as many joint actions as agents it can,
+and only tuples are taken. NaN, inf, a reward beyond +-1e15 (`MAX_ABS_REWARD`) or a wrong length is an error naming
+the function and the index. A signature is never guessed: `f(a, b)` on a team of one is refused (it could be
+`f(prompts, completions)` or a 2-agent reward); the prompts-first form names its first parameter `prompts`.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ __all__ = [
     "RewardProcessors",
 ]
 
+# The largest |reward| accepted: advantages square rewards in float32 (largest value 3.4e38), summed over a batch.
+MAX_ABS_REWARD = 1e15
 # the keywords of the keyword convention (besides the dataset columns)
 KEYWORD_ARGS = ("prompts", "completions", "agent_completions", "batch_items")
 _TEAM_MARK = "_trl_marl_team_reward"
@@ -111,7 +117,8 @@ class RewardFunction:
         func: the user's reward function, or a `weighted_sum` of several.
         num_agents: team size n.
         processor: optional `float -> float` applied to every reward (see `scale`, `shift`, `compose`).
-        allow_per_agent: accept one list of n floats per joint action (actor-critic trainers).
+        allow_per_agent: accept one tuple of n floats per joint action (actor-critic trainers; see the module
+            docstring for lists of lists).
         column_names: the dataset's columns, when known: a positional parameter named like a column is refused
             (it would receive an agent's completions), and a required keyword must be a column.
 
@@ -201,6 +208,13 @@ class RewardFunction:
         if has_varargs and k == 0 or k == n:
             mode = "per_agent_args"
         elif k == n + 1:
+            if positional[0].name not in ("prompts", "prompt"):
+                # f(a, b) on a team of 1 could be (prompts, completions) or a 2-agent reward given a team of 1
+                raise self._refuse(
+                    f"takes {k} positional arguments with num_agents={n}: that is the prompts-first form only when the "
+                    f"first one is named 'prompts' (f(prompts, completions_agent_1, ...)); if it scores {k} agents, "
+                    f"set num_agents={k}"
+                )
             mode = "prompts_then_agents"
         elif k == 1 and n > 1:
             mode = "nested_list"
@@ -326,10 +340,10 @@ class RewardFunction:
             return raw
         flat = [float(self.processor(float(v))) for v in raw.flatten().tolist()]
         for idx, v in enumerate(flat):
-            if not math.isfinite(v):
+            if not math.isfinite(v) or abs(v) > MAX_ABS_REWARD:
                 raise ValueError(
-                    f"reward_processor turned the reward of {self.name!r} at index {idx} into {v}; rewards must be "
-                    "finite"
+                    f"reward_processor turned the reward of {self.name!r} at index {idx} into {v:g}; rewards must be "
+                    f"finite and within +-{MAX_ABS_REWARD:g}"
                 )
         return torch.tensor(flat, dtype=torch.float32).reshape(raw.shape)
 
@@ -347,6 +361,27 @@ class RewardFunction:
             raise TypeError(
                 f"reward function {self.name!r} must return a list of floats (one per joint action), got "
                 f"{type(out).__name__}"
+            )
+        rows = [r for r in out if isinstance(r, (list, tuple))]
+        n = self.num_agents
+        # n lists of J (one per AGENT) where the form is J rows of n (one per joint action); when J == n >= 2 a list
+        # of lists reads both ways: only tuples (a tuple is one joint action's rewards) are taken then
+        per_agent_columns = rows and len(rows) == len(out) == n and all(len(r) == num_joint for r in rows)
+        if (
+            self.allow_per_agent
+            and per_agent_columns
+            and (len(out) != num_joint or (n >= 2 and not all(isinstance(r, tuple) for r in out)))
+        ):
+            raise ValueError(
+                f"reward function {self.name!r} returned {len(out)} lists of {num_joint}: per-agent rewards are "
+                f"one tuple of {self.num_agents} floats per joint action, [(r_agent_1, ..., r_agent_"
+                f"{self.num_agents}), ...]"
+                + (
+                    f"; with {num_joint} joint actions and {self.num_agents} agents a list of lists reads both "
+                    "ways, so only tuples are taken (a tuple is one joint action's rewards)"
+                    if len(out) == num_joint
+                    else " (this looks transposed: one list per agent)"
+                )
             )
         if len(out) != num_joint:
             raise ValueError(
@@ -389,6 +424,12 @@ class RewardFunction:
             raise ValueError(
                 f"reward function {self.name!r} returned {v} at index {index}; rewards must be finite (NaN and inf "
                 "are never replaced silently)"
+            )
+        if abs(v) > MAX_ABS_REWARD:
+            raise ValueError(
+                f"reward function {self.name!r} returned {v:g} at index {index}; rewards must lie within "
+                f"+-{MAX_ABS_REWARD:g} (the advantage math squares them in float32, whose largest value is 3.4e38: "
+                "scale the reward down, e.g. with reward_processor=trl_marl.rewards.scale(...))"
             )
         return v
 
