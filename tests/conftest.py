@@ -49,7 +49,7 @@ def cpu_args(config_cls, tmp_path, **overrides):
         output_dir=str(tmp_path / "out"),
         num_agents=2,
         num_generations=2,
-        max_new_tokens=6,
+        max_completion_length=6,
         rollout_buffer_size=2,
         learning_rate=1e-3,
         max_steps=1,
@@ -107,7 +107,7 @@ def items():
 # Settings of the learning tests: the tiny team on a built-in task, evaluated on the task's 16 held-out items.
 LEARNING_SETTINGS = dict(
     num_generations=4,
-    max_new_tokens=16,
+    max_completion_length=16,
     rollout_buffer_size=8,
     learning_rate=3e-3,
     logging_steps=10,
@@ -130,8 +130,8 @@ def task_trainer(tmp_path, tiny_path):
 
         task = load_task(task_name)
         trainer = trainer_cls(
-            agent_model=tiny_path,
-            reward_func=task.reward_func,
+            model=tiny_path,
+            reward_funcs=task.reward_func,
             formatters=task.formatters,
             args=config_cls(output_dir=str(tmp_path), **{**LEARNING_SETTINGS, **config}),
             train_dataset=task.train_dataset,

@@ -195,7 +195,7 @@ def trained(hub, tiny_path, tmp_path_factory):
         output_dir=str(out),
         num_agents=2,
         num_generations=2,
-        max_new_tokens=6,
+        max_completion_length=6,
         rollout_buffer_size=2,
         learning_rate=1e-2,
         max_steps=1,
@@ -211,8 +211,8 @@ def trained(hub, tiny_path, tmp_path_factory):
         hub_strategy="checkpoint",
     )
     trainer = MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=task.reward_func,
+        model=tiny_path,
+        reward_funcs=task.reward_func,
         formatters=task.formatters,
         args=args,
         train_dataset=task.train_dataset,
