@@ -483,9 +483,9 @@ def test_every_trainer_has_a_citation():
 def test_recipes_send_no_task_name_as_hub_dataset():
     import inspect
 
-    from trl_marl import scripts
+    from trl_marl.cli import recipe_args
 
-    assert "dataset_name=task" not in inspect.getsource(scripts)
+    assert "dataset_name=task" not in inspect.getsource(recipe_args)
 
 
 def test_agent_team_save_pretrained_and_push_to_hub(hub, trained, tmp_path):
