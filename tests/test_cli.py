@@ -12,6 +12,7 @@ import pytest
 from trl_marl.cli import main as cli_main
 from trl_marl.cli.launch import available_configs, resolve_accelerate_config
 from trl_marl.cli.recipes import RECIPES, run_command
+from trl_marl.trainers.registry import get_algorithm
 from trl_marl.utils.deprecation import TrlMarlFutureWarning
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +124,7 @@ def test_every_command_parses_its_config(tmp_path):
             script_args_cls=recipe.script_args,
             tiny_defaults=recipe.tiny_defaults,
         )
-        assert type(config).__name__ == recipe.config, name
+        assert type(config) is get_algorithm(name).config_class, name
     _, config = parse_recipe_args(RECIPES["madpo-iter"].config_class(), argv=["--output_dir", str(tmp_path)],
                                   tiny_defaults=RECIPES["madpo-iter"].tiny_defaults)  # fmt: skip
     assert config.num_rounds == 2

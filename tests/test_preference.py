@@ -19,6 +19,7 @@ from trl_marl import (
 from trl_marl.rewards import RewardFunction
 from trl_marl.rollout.centralized import CentralizedParseError, TaggedCentralizedAdapter, centralize
 from trl_marl.trainers.preference import JointRewardModel, PreferencePair, select_pairs
+from trl_marl.trainers.registry import get_algorithm
 
 
 def length_reward(c1, c2):
@@ -258,7 +259,7 @@ def test_marlhf_runs_with_each_backend(make_args, items, tiny_path, tmp_path, al
     expected = {"magrpo": "MARLHFTrainer", "maac": "MARLHFMAACTrainer", "iac": "MARLHFIACTrainer"}
     assert type(t).__name__ == expected.get(algorithm, "MARLHFTrainer")
     if algorithm not in ("maac", "iac"):
-        assert t.baseline == {"magrpo": "mean", "mareinforce": "raw", "marloo": "loo", "maremax": "max"}[algorithm]
+        assert t.baseline == get_algorithm(algorithm).baseline
     log = t.state.log_history[0]
     assert {"reward_model/accuracy", "reward_model/margin", "reward_model/loss", "num_pairs"} <= set(log)
     assert "eval_reward" in t.state.log_history[-1]  # evaluation uses the task reward
