@@ -1,6 +1,9 @@
 """Test configuration: offline, single-threaded, tiny local models."""
 
 import os
+import sys
+import textwrap
+import uuid
 
 # Offline and quiet before anything imports transformers / huggingface_hub.
 for _k, _v in {
@@ -141,6 +144,39 @@ def task_trainer(tmp_path, tiny_path):
         return trainer, trainer.evaluate_reward()["eval_reward"]
 
     return build
+
+
+@pytest.fixture
+def fake_dist(tmp_path, monkeypatch):
+    """A fake installed distribution, as a third-party package registering plugins or tasks would be:
+    `make(entry_points={group: {name: value}}, modules={module_name: source}, dist_name=None)` writes a distribution
+    (with a unique name unless `dist_name` is given) under a fresh folder and prepends that folder to `sys.path`.
+    Everything is undone afterwards."""
+    imported: list[str] = []
+
+    def make(
+        entry_points: dict[str, dict[str, str]], modules: dict[str, str] | None = None, dist_name: str | None = None
+    ) -> str:
+        root = tmp_path / uuid.uuid4().hex[:8]
+        root.mkdir()
+        for module, source in (modules or {}).items():
+            (root / f"{module}.py").write_text(textwrap.dedent(source))
+            imported.append(module)
+        dist_name = dist_name or f"fake-trl-marl-plugin-{uuid.uuid4().hex[:8]}"
+        info = root / f"{dist_name.replace('-', '_')}-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.1.0\n")
+        lines = []
+        for group, eps in entry_points.items():
+            lines.append(f"[{group}]")
+            lines += [f"{name} = {value}" for name, value in eps.items()]
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        monkeypatch.syspath_prepend(str(root))  # also invalidates the import caches
+        return dist_name
+
+    yield make
+    for module in imported:
+        sys.modules.pop(module, None)
 
 
 def accelerate_launch(config_file, script, *args: str, timeout: int = 600, env: dict | None = None):

@@ -49,7 +49,7 @@ def test_help_lists_commands_tasks_and_configs(capsys):
     for name in ["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac", "mappo", "madpo", "marlhf"]:
         assert name in out
     assert "madpo-iter" in out and "marlhf-iter" in out and "env" in out
-    assert "coordination, length_ratio, code, writing" in out and "multi_cpu" in out
+    assert "tasks (--task): code, coordination, length_ratio, writing" in out and "multi_cpu" in out
 
 
 def test_subcommand_help_lists_trl_flags_and_choices(capsys):
@@ -78,7 +78,7 @@ def test_subcommand_help_lists_trl_flags_and_choices(capsys):
         "--critic_model_name_or_path",
     ]:
         assert flag in out, flag
-    assert "{coordination,length_ratio,code,writing}" in out
+    assert "{code,coordination,length_ratio,writing}" in out
     assert "{magrpo,mareinforce,marloo,maremax,maac,iac}" in out
 
 
@@ -319,11 +319,11 @@ def test_accelerate_config_multi_cpu_really_launches_two_ranks(tmp_path, tiny_pa
     assert (tmp_path / "ddp" / "agent_2" / "model.safetensors").exists()
 
 
-def test_builtin_task_names_in_the_help_are_the_registered_tasks():
-    from trl_marl.cli.recipe_args import BUILTIN_TASKS
+def test_task_choices_are_the_registered_tasks():
+    from trl_marl.cli.recipe_args import RecipeArguments
     from trl_marl.tasks import TASKS
 
-    assert sorted(BUILTIN_TASKS) == sorted(TASKS)
+    assert RecipeArguments.__dataclass_fields__["task"].metadata["choices"] == list(TASKS)
 
 
 def test_deprecated_flag_counts_as_the_users_value(tmp_path):
