@@ -77,11 +77,19 @@ def test_trl_positional_order_and_names(tmp_path, tiny_path, tiny_tokenizer):
     assert t2.agent_names == [tiny_path, tiny_path]
 
 
-def test_old_trainer_names_warn(tmp_path, tiny_path):
+def test_old_trainer_names_warn(tmp_path, tiny_path, tiny_tokenizer):
     with pytest.warns(TrlMarlFutureWarning, match="`agent_model=` is deprecated; use `model=`"):
         MAGRPOTrainer(agent_model=tiny_path, reward_funcs=count_a, args=cfg(tmp_path), train_dataset=ITEMS)
+    with pytest.warns(TrlMarlFutureWarning, match="`agents=` is deprecated; use `model=`"):
+        t = MAGRPOTrainer(agents=[tiny_path, tiny_path], reward_funcs=count_a, args=cfg(tmp_path), train_dataset=ITEMS)
+    assert t.agent_names == [tiny_path, tiny_path]
     with pytest.warns(TrlMarlFutureWarning, match="`reward_func=` is deprecated; use `reward_funcs=`"):
         MAGRPOTrainer(model=tiny_path, reward_func=count_a, args=cfg(tmp_path), train_dataset=ITEMS)
+    with pytest.warns(TrlMarlFutureWarning, match="`tokenizer=` is deprecated; use `processing_class=`"):
+        t = MAGRPOTrainer(
+            model=tiny_path, reward_funcs=count_a, args=cfg(tmp_path), train_dataset=ITEMS, tokenizer=tiny_tokenizer
+        )
+    assert t.tokenizers[0] is tiny_tokenizer
     with pytest.raises(TypeError, match="pass model= .* or its deprecated alias agent_model=, not both"):
         MAGRPOTrainer(model=tiny_path, agent_model=tiny_path, reward_funcs=count_a, args=cfg(tmp_path),
                       train_dataset=ITEMS)  # fmt: skip
