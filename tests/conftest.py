@@ -1,6 +1,9 @@
 """Test configuration: offline, single-threaded, tiny local models."""
 
 import os
+import sys
+import textwrap
+import uuid
 
 # Offline and quiet before anything imports transformers / huggingface_hub.
 for _k, _v in {
@@ -49,7 +52,7 @@ def cpu_args(config_cls, tmp_path, **overrides):
         output_dir=str(tmp_path / "out"),
         num_agents=2,
         num_generations=2,
-        max_new_tokens=6,
+        max_completion_length=6,
         rollout_buffer_size=2,
         learning_rate=1e-3,
         max_steps=1,
@@ -107,7 +110,7 @@ def items():
 # Settings of the learning tests: the tiny team on a built-in task, evaluated on the task's 16 held-out items.
 LEARNING_SETTINGS = dict(
     num_generations=4,
-    max_new_tokens=16,
+    max_completion_length=16,
     rollout_buffer_size=8,
     learning_rate=3e-3,
     logging_steps=10,
@@ -130,8 +133,8 @@ def task_trainer(tmp_path, tiny_path):
 
         task = load_task(task_name)
         trainer = trainer_cls(
-            agent_model=tiny_path,
-            reward_func=task.reward_func,
+            model=tiny_path,
+            reward_funcs=task.reward_func,
             formatters=task.formatters,
             args=config_cls(output_dir=str(tmp_path), **{**LEARNING_SETTINGS, **config}),
             train_dataset=task.train_dataset,
@@ -141,6 +144,39 @@ def task_trainer(tmp_path, tiny_path):
         return trainer, trainer.evaluate_reward()["eval_reward"]
 
     return build
+
+
+@pytest.fixture
+def fake_dist(tmp_path, monkeypatch):
+    """A fake installed distribution, as a third-party package registering plugins or tasks would be:
+    `make(entry_points={group: {name: value}}, modules={module_name: source}, dist_name=None)` writes a distribution
+    (with a unique name unless `dist_name` is given) under a fresh folder and prepends that folder to `sys.path`.
+    Everything is undone afterwards."""
+    imported: list[str] = []
+
+    def make(
+        entry_points: dict[str, dict[str, str]], modules: dict[str, str] | None = None, dist_name: str | None = None
+    ) -> str:
+        root = tmp_path / uuid.uuid4().hex[:8]
+        root.mkdir()
+        for module, source in (modules or {}).items():
+            (root / f"{module}.py").write_text(textwrap.dedent(source))
+            imported.append(module)
+        dist_name = dist_name or f"fake-trl-marl-plugin-{uuid.uuid4().hex[:8]}"
+        info = root / f"{dist_name.replace('-', '_')}-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.1.0\n")
+        lines = []
+        for group, eps in entry_points.items():
+            lines.append(f"[{group}]")
+            lines += [f"{name} = {value}" for name, value in eps.items()]
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        monkeypatch.syspath_prepend(str(root))  # also invalidates the import caches
+        return dist_name
+
+    yield make
+    for module in imported:
+        sys.modules.pop(module, None)
 
 
 def accelerate_launch(config_file, script, *args: str, timeout: int = 600, env: dict | None = None):

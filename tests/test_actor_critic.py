@@ -58,9 +58,9 @@ def critic_values(critic, seqs, pad_id=0):
 def test_maac_gives_every_agent_the_same_td_error(make_args, items, tiny_path):
     args = make_args(MAACConfig, num_generations=2, advantage_normalization=False, discount=0.9)
     t = MAACTrainer(
-        agent_model=tiny_path,
+        model=tiny_path,
         critic_model=tiny_path,
-        reward_func=per_agent_reward,
+        reward_funcs=per_agent_reward,
         formatters=ROLE_FORMATTERS,
         args=args,
         train_dataset=items,
@@ -86,7 +86,7 @@ def test_maac_gives_every_agent_the_same_td_error(make_args, items, tiny_path):
 def test_iac_agents_get_their_own_td_errors_from_their_own_histories(make_args, items, tiny_path):
     args = make_args(IACConfig, num_generations=2, advantage_normalization=False)
     t = IACTrainer(
-        agent_model=tiny_path, reward_func=per_agent_reward, formatters=ROLE_FORMATTERS, args=args, train_dataset=items
+        model=tiny_path, reward_funcs=per_agent_reward, formatters=ROLE_FORMATTERS, args=args, train_dataset=items
     )
     rollout, data = rollout_data(t, items)
     tok = t.tokenizers[0]
@@ -106,9 +106,9 @@ def test_multi_turn_td_targets_bootstrap_with_the_next_q_value(make_args, items,
         MAACConfig, num_generations=1, num_turns=3, critic_type="q", discount=0.9, reference_kl_enabled=True
     )
     t = MAACTrainer(
-        agent_model=tiny_path,
+        model=tiny_path,
         critic_model=tiny_path,
-        reward_func=shared_reward,
+        reward_funcs=shared_reward,
         external_transition=transition,
         args=args,
         train_dataset=items,
@@ -140,9 +140,9 @@ def test_mappo_gae_ratios_and_per_agent_joint_critics(make_args, items, tiny_pat
         max_steps=2,
     )
     t = MAPPOTrainer(
-        agent_model=tiny_path,
+        model=tiny_path,
         critics=[tiny_path, tiny_path],
-        reward_func=per_agent_reward,
+        reward_funcs=per_agent_reward,
         external_transition=transition,
         args=args,
         train_dataset=items,
@@ -165,7 +165,7 @@ def test_mappo_gae_ratios_and_per_agent_joint_critics(make_args, items, tiny_pat
 def test_mappo_value_normalization_and_popart(make_args, items, tiny_path):
     args = make_args(MAPPOConfig, popart=True, ppo_epochs=1, ratio_level="sequence")
     t = MAPPOTrainer(
-        agent_model=tiny_path, critic_model=tiny_path, reward_func=shared_reward, args=args, train_dataset=items
+        model=tiny_path, critic_model=tiny_path, reward_funcs=shared_reward, args=args, train_dataset=items
     )
     critic = t.team.critics[0]
     x = torch.tensor([[5, 6, 7, 8]])
@@ -182,10 +182,10 @@ def test_broadcast_object_shares_parameters_ids_do_not(make_args, items, tiny_pa
     obj = AutoModelForCausalLM.from_pretrained(tiny_path)
     tok = AutoTokenizer.from_pretrained(tiny_path)
     shared = IACTrainer(
-        agent_model=tiny_path,
+        model=tiny_path,
         critic_model=obj,
-        tokenizer=tok,
-        reward_func=shared_reward,
+        processing_class=tok,
+        reward_funcs=shared_reward,
         args=make_args(IACConfig),
         train_dataset=items,
     )
@@ -194,9 +194,9 @@ def test_broadcast_object_shares_parameters_ids_do_not(make_args, items, tiny_pa
     groups = [g["name"] for g in shared.create_optimizer().param_groups]
     assert groups.count("critic") == 2  # one critic: one (decay / no-decay) pair of groups
     by_id = IACTrainer(
-        agent_model=tiny_path,
+        model=tiny_path,
         critic_model=tiny_path,
-        reward_func=shared_reward,
+        reward_funcs=shared_reward,
         args=make_args(IACConfig),
         train_dataset=items,
     )
@@ -204,10 +204,10 @@ def test_broadcast_object_shares_parameters_ids_do_not(make_args, items, tiny_pa
     assert len(by_id.team.critics) == 2 and a.data_ptr() != b.data_ptr()
     objs = [AutoModelForCausalLM.from_pretrained(tiny_path) for _ in range(2)]
     distinct = IACTrainer(
-        agent_model=tiny_path,
+        model=tiny_path,
         critics=objs,
-        tokenizer=tok,
-        reward_func=shared_reward,
+        processing_class=tok,
+        reward_funcs=shared_reward,
         args=make_args(IACConfig),
         train_dataset=items,
     )
@@ -221,7 +221,7 @@ def test_broadcast_object_shares_parameters_ids_do_not(make_args, items, tiny_pa
 def test_critic_learning_rate_has_its_own_group(make_args, items, tiny_path):
     args = make_args(MAACConfig, agent_learning_rate=1e-4, critic_learning_rate=5e-3)
     t = MAACTrainer(
-        agent_model=tiny_path, critic_model=tiny_path, reward_func=shared_reward, args=args, train_dataset=items
+        model=tiny_path, critic_model=tiny_path, reward_funcs=shared_reward, args=args, train_dataset=items
     )
     lrs = {g["name"]: g["lr"] for g in t.create_optimizer().param_groups}
     assert lrs == {"agent_1": 1e-4, "agent_2": 1e-4, "critic": 5e-3}
@@ -233,7 +233,7 @@ def test_value_head_mode_updates_actor_and_head_together(make_args, items, tiny_
     args = make_args(
         IACConfig, use_separate_critic=False, value_clip_range=0.2, value_head_hidden_dim=8, learning_rate=1e-2
     )
-    t = IACTrainer(agent_model=tiny_path, reward_func=shared_reward, args=args, train_dataset=items)
+    t = IACTrainer(model=tiny_path, reward_funcs=shared_reward, args=args, train_dataset=items)
     team = t.team
     assert len(team.critics) == 0 and len(team.value_heads) == 2
     lrs = {g["name"]: g["lr"] for g in t.create_optimizer().param_groups}
@@ -258,9 +258,9 @@ def test_value_head_mode_updates_actor_and_head_together(make_args, items, tiny_
 # ---------------------------------------------------------------------------------------------- saving
 def test_save_model_writes_loadable_critics(make_args, items, tiny_path, tmp_path):
     maac = MAACTrainer(
-        agent_model=tiny_path,
+        model=tiny_path,
         critic_model=tiny_path,
-        reward_func=shared_reward,
+        reward_funcs=shared_reward,
         args=make_args(MAACConfig),
         train_dataset=items,
     )
@@ -275,17 +275,17 @@ def test_save_model_writes_loadable_critics(make_args, items, tiny_path, tmp_pat
     assert team["algorithm"] == "MAAC" and team["critics"][0]["folder"] == "critic"
     # a saved critic folder is a critic source again, value head included
     again = MAACTrainer(
-        agent_model=tiny_path,
+        model=tiny_path,
         critic_model=str(out / "critic"),
-        reward_func=shared_reward,
+        reward_funcs=shared_reward,
         args=make_args(MAACConfig),
         train_dataset=items,
     )
     torch.testing.assert_close(again.team.critics[0].value_head.out.weight, maac.team.critics[0].value_head.out.weight)
 
     iac = IACTrainer(
-        agent_model=tiny_path,
-        reward_func=shared_reward,
+        model=tiny_path,
+        reward_funcs=shared_reward,
         args=make_args(IACConfig, use_separate_critic=False),
         train_dataset=items,
     )
@@ -294,7 +294,7 @@ def test_save_model_writes_loadable_critics(make_args, items, tiny_path, tmp_pat
     torch.testing.assert_close(head.out.weight, iac.team.value_heads[1].out.weight)
     AutoModelForCausalLM.from_pretrained(tmp_path / "iac" / "agent_2")  # still a plain agent folder
 
-    sep = IACTrainer(agent_model=tiny_path, reward_func=shared_reward, args=make_args(IACConfig), train_dataset=items)
+    sep = IACTrainer(model=tiny_path, reward_funcs=shared_reward, args=make_args(IACConfig), train_dataset=items)
     sep.save_model(str(tmp_path / "sep"))
     assert (tmp_path / "sep" / "critic_1" / "value_head.safetensors").exists()
     assert (tmp_path / "sep" / "critic_2" / "model.safetensors").exists()
@@ -305,14 +305,14 @@ def test_checkpoint_resume_restores_critics_and_value_normalizer(make_args, item
         MAPPOConfig, ppo_epochs=1, max_steps=2, save_strategy="steps", save_steps=2, output_dir=str(tmp_path / "ck")
     )
     a = MAPPOTrainer(
-        agent_model=tiny_path, critic_model=tiny_path, reward_func=shared_reward, args=args, train_dataset=items
+        model=tiny_path, critic_model=tiny_path, reward_funcs=shared_reward, args=args, train_dataset=items
     )
     a.train()
     ckpt = tmp_path / "ck" / "checkpoint-2"
     assert (ckpt / "critic" / "value_normalizer.json").exists()
     args_b = make_args(MAPPOConfig, ppo_epochs=1, max_steps=3, save_strategy="no", output_dir=str(tmp_path / "ck"))
     b = MAPPOTrainer(
-        agent_model=tiny_path, critic_model=tiny_path, reward_func=shared_reward, args=args_b, train_dataset=items
+        model=tiny_path, critic_model=tiny_path, reward_funcs=shared_reward, args=args_b, train_dataset=items
     )
     b._load_from_checkpoint(str(ckpt))
     for pa, pb in zip(a.team.critics.parameters(), b.team.critics.parameters()):
@@ -325,9 +325,7 @@ def test_checkpoint_resume_restores_critics_and_value_normalizer(make_args, item
 # ---------------------------------------------------------------------------------------------- bad input
 def build(trainer, make_args, items, cfg, args=None, **kw):
     args = args or make_args(cfg)
-    return trainer(
-        **{"agent_model": MISSING, "reward_func": shared_reward, "args": args, "train_dataset": items, **kw}
-    )
+    return trainer(**{"model": MISSING, "reward_funcs": shared_reward, "args": args, "train_dataset": items, **kw})
 
 
 @pytest.mark.parametrize("trainer, cfg", [(MAACTrainer, MAACConfig), (MAPPOTrainer, MAPPOConfig)])
@@ -387,7 +385,7 @@ def test_mp_needs_agent_and_critic_devices(make_args):
 def test_mp_places_critics(make_args, items, tiny_path):
     args = make_args(MAACConfig, parallel_training="mp", agent_devices=["cpu"], critic_devices=["cpu"])
     t = MAACTrainer(
-        agent_model=tiny_path, critic_model=tiny_path, reward_func=shared_reward, args=args, train_dataset=items
+        model=tiny_path, critic_model=tiny_path, reward_funcs=shared_reward, args=args, train_dataset=items
     )
     assert t.team.hf_device_map == {"agents.0": "cpu", "agents.1": "cpu", "critics.0": "cpu"}
     t.train()
@@ -410,27 +408,27 @@ def other_vocab_path():
 def test_critic_with_another_tokenizer(make_args, items, tiny_path, other_vocab_path):
     with pytest.raises(ValueError, match="the centralized critic .* is not tokenizer-compatible with agent 1"):
         MAACTrainer(
-            agent_model=tiny_path,
+            model=tiny_path,
             critic_model=other_vocab_path,
-            reward_func=shared_reward,
+            reward_funcs=shared_reward,
             args=make_args(MAACConfig),
             train_dataset=items,
         )
     with pytest.raises(ValueError, match="critic 2 .* is not tokenizer-compatible with agent 2"):
         IACTrainer(
-            agent_model=tiny_path,
+            model=tiny_path,
             critics=[tiny_path, other_vocab_path],
-            reward_func=shared_reward,
+            reward_funcs=shared_reward,
             args=make_args(IACConfig),
             train_dataset=items,
         )
     obj = AutoModelForCausalLM.from_pretrained(other_vocab_path)  # an object: its embedding table is checked
     with pytest.raises(ValueError, match="critic 1 .* has 300 token embeddings but agent 1's tokenizer"):
         IACTrainer(
-            agent_model=tiny_path,
+            model=tiny_path,
             critics=[obj, tiny_path],
-            tokenizer=AutoTokenizer.from_pretrained(tiny_path),
-            reward_func=shared_reward,
+            processing_class=AutoTokenizer.from_pretrained(tiny_path),
+            reward_funcs=shared_reward,
             args=make_args(IACConfig),
             train_dataset=items,
         )
@@ -489,7 +487,7 @@ def test_fresh_heads_are_seeded_by_args_seed_not_the_global_rng(tiny_path, make_
         torch.manual_seed(global_seed)
         kw = {"critic_model": tiny_path} if critic else {}
         args = make_args(cfg, **overrides) if critic else make_args(cfg, use_separate_critic=False, **overrides)
-        t = trainer(agent_model=tiny_path, reward_func=shared_reward, args=args, train_dataset=items, **kw)
+        t = trainer(model=tiny_path, reward_funcs=shared_reward, args=args, train_dataset=items, **kw)
         modules = [c.value_head for c in t.team.critics] if critic else list(t.team.value_heads)
         return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
 

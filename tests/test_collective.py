@@ -113,8 +113,8 @@ def test_generate_with_no_prompts_returns_empty_outputs(make_args, tiny_path):
     from trl_marl import MAGRPOConfig, MAGRPOTrainer
 
     t = MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=lambda a, b: [0.0] * len(a),
+        model=tiny_path,
+        reward_funcs=lambda a, b: [0.0] * len(a),
         args=make_args(MAGRPOConfig),
         train_dataset=[{"prompt": "p"}] * 4,
     )

@@ -55,8 +55,7 @@ def test_planted_secret_reaches_no_file_log_or_card(tmp_path, tiny_path, caplog,
     import resume_run
 
     out = tmp_path / "run"
-    t = resume_run.build("madpoiter", str(out), tiny_path)
-    t.args.num_iterations = 1
+    t = resume_run.build("madpoiter", str(out), tiny_path, num_rounds=1)
     t.args.comparator_api_url = f"https://user:{SECRET}@api.example.com/v1?api-key={SECRET}"
     t.args.comparator_api_headers = {"X-Auth-Token": SECRET}
     t.args.comparator_api_extra_body = {"api_key": SECRET, "max_tokens": 5}

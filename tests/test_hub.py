@@ -195,7 +195,7 @@ def trained(hub, tiny_path, tmp_path_factory):
         output_dir=str(out),
         num_agents=2,
         num_generations=2,
-        max_new_tokens=6,
+        max_completion_length=6,
         rollout_buffer_size=2,
         learning_rate=1e-2,
         max_steps=1,
@@ -211,8 +211,8 @@ def trained(hub, tiny_path, tmp_path_factory):
         hub_strategy="checkpoint",
     )
     trainer = MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=task.reward_func,
+        model=tiny_path,
+        reward_funcs=task.reward_func,
         formatters=task.formatters,
         args=args,
         train_dataset=task.train_dataset,
@@ -483,9 +483,9 @@ def test_every_trainer_has_a_citation():
 def test_recipes_send_no_task_name_as_hub_dataset():
     import inspect
 
-    from trl_marl import scripts
+    from trl_marl.cli import recipe_args
 
-    assert "dataset_name=task" not in inspect.getsource(scripts)
+    assert "dataset_name=task" not in inspect.getsource(recipe_args)
 
 
 def test_agent_team_save_pretrained_and_push_to_hub(hub, trained, tmp_path):

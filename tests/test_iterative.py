@@ -92,15 +92,15 @@ def test_iterative_config_errors(tmp_path, overrides, message):
 def test_comparator_construction_errors(tmp_path, small_items, tiny_path):
     with pytest.raises(ValueError, match="needs comparator_model_name or comparator_agents"):
         MADPOIterTrainer(
-            agent_model="/missing",
-            reward_func=letters_reward,
+            model="/missing",
+            reward_funcs=letters_reward,
             train_dataset=small_items,
             args=iter_args(tmp_path, comparator_policy="model"),
         )
     with pytest.raises(ValueError, match="needs comparator_api_url"):
         MADPOIterTrainer(
-            agent_model="/missing",
-            reward_func=letters_reward,
+            model="/missing",
+            reward_funcs=letters_reward,
             train_dataset=small_items,
             args=iter_args(tmp_path, comparator_policy="api"),
         )
@@ -112,7 +112,7 @@ def test_madpo_iter_rounds_files_and_records(tmp_path, small_items, tiny_path):
     replay.mkdir()
     (replay / "iteration_0001.json").write_text('{"iteration": 1, "num_pairs": 1, "pairs": [{"stale": true}]}')
     args = iter_args(tmp_path, preference_replay_dir=str(replay), preference_replay_mode="all_history")
-    t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+    t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
     t.train()
     assert t.completed_rounds == 2 and [r["iteration"] for r in t.rounds] == [1, 2]
     first = read_round_file(str(replay / "iteration_0001.json"))
@@ -166,7 +166,7 @@ def test_centralized_comparator_parses_and_drops_malformed(tmp_path):
 
 def test_history_comparator_reaches_back_k_rounds(tmp_path, small_items, tiny_path):
     args = iter_args(tmp_path, comparator_policy="history", comparator_history_k=2, num_rounds=3, learning_rate=5e-2)
-    t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+    t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
     used = []
     original = t.comparator.prepare
 
@@ -190,7 +190,7 @@ def test_model_comparator_loads_once(tmp_path, small_items, tiny_path, tiny_qwen
     original = comparators._load_causal_lm
     monkeypatch.setattr(comparators, "_load_causal_lm", lambda src, dev: loads.append(src) or original(src, dev))
     args = iter_args(tmp_path, comparator_policy="model", comparator_model_name=tiny_qwen_path)
-    t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+    t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
     assert isinstance(t.comparator, FixedModelComparator)
     t.train()
     assert loads == [tiny_qwen_path]  # one id for both agents, loaded once for the whole run (two rounds)
@@ -257,7 +257,7 @@ def test_third_party_comparator_and_replay_mode_by_name(tmp_path, monkeypatch, s
     )
     try:
         args = iter_args(tmp_path, comparator_policy="echo", preference_replay_mode="newest_half")
-        t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+        t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
         t.train()
         assert type(t.comparator).__name__ == "EchoComparator" and t.comparator.calls > 0
         pairs = read_round_file(t.rounds[0]["path"])["pairs"]
@@ -301,7 +301,7 @@ def test_api_comparator_in_a_run_never_writes_the_key(tmp_path, small_items, tin
             comparator_api_url=f"http://127.0.0.1:{server.server_address[1]}/generate",
             comparator_api_key_env="ACME_KEY",
         )
-        t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=small_items)
+        t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
         t.train()
         t.save_model(str(tmp_path / "saved"))
     finally:
@@ -324,24 +324,24 @@ def _weights(t):
 def test_kill_after_round_two_and_resume_gives_the_same_round_three(tmp_path, small_items, tiny_path):
     common = dict(lr_scheduler_type="constant", save_strategy="steps", comparator_policy="current")
     full = MADPOIterTrainer(
-        agent_model=tiny_path,
-        reward_func=letters_reward,
+        model=tiny_path,
+        reward_funcs=letters_reward,
         train_dataset=small_items,
         args=iter_args(tmp_path / "full", num_rounds=3, **common),
     )
     full.train()
     # the "killed" run stops after round 2 (its round-2 checkpoint is what a kill leaves behind)
     killed = MADPOIterTrainer(
-        agent_model=tiny_path,
-        reward_func=letters_reward,
+        model=tiny_path,
+        reward_funcs=letters_reward,
         train_dataset=small_items,
         args=iter_args(tmp_path / "killed", num_rounds=2, **common),
     )
     killed.train()
     ckpt = sorted((tmp_path / "killed" / "out").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
     resumed = MADPOIterTrainer(
-        agent_model=tiny_path,
-        reward_func=letters_reward,
+        model=tiny_path,
+        reward_funcs=letters_reward,
         train_dataset=small_items,
         args=iter_args(tmp_path / "killed", num_rounds=3, **common),
     )
@@ -381,8 +381,8 @@ def test_marlhf_iter_runs_rounds_with_fresh_reward_models(tmp_path, small_items,
         train_batch_size=None,
     )
     t = MARLHFIterTrainer(
-        agent_model=tiny_path,
-        reward_func=letters_reward,
+        model=tiny_path,
+        reward_funcs=letters_reward,
         args=args,
         train_dataset=small_items,
         eval_dataset=small_items,
@@ -428,15 +428,15 @@ def test_marlhf_iter_with_actor_critic_backends(tmp_path, small_items, tiny_path
     )
     extra = {"critic_model": tiny_path} if algorithm == "maac" else {}
     t = MARLHFIterTrainer(
-        agent_model=tiny_path,
-        reward_func=letters_reward,
+        model=tiny_path,
+        reward_funcs=letters_reward,
         args=args,
         train_dataset=small_items,
         eval_dataset=small_items,
         **extra,
     )
     assert type(t).__name__ == {"maac": "MARLHFIterMAACTrainer", "iac": "MARLHFIterIACTrainer"}[algorithm]
-    assert t.args.num_iterations == 2 and t.args.advantage_normalization is True  # the actor-critic default
+    assert t.args.num_rounds == 2 and t.args.advantage_normalization is True  # the actor-critic default
     models = record_reward_models(t)
     critic = t.team.critics[0]
     before = [p.detach().clone() for p in critic.parameters()]

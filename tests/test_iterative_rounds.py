@@ -20,7 +20,7 @@ def test_marlhf_iter_rounds_start_on_a_rollout_boundary(tmp_path, tiny_path, ga,
     args = _args(
         tmp_path, MARLHFIterConfig, rollout_buffer_size=buffer, train_batch_size=1, gradient_accumulation_steps=ga
     )
-    t = MARLHFIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=items)
+    t = MARLHFIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=items)
     made, used = {}, []
     rollout_step, compute_loss = t._rollout_step, t.compute_loss
 
@@ -45,7 +45,7 @@ def test_marlhf_iter_rounds_start_on_a_rollout_boundary(tmp_path, tiny_path, ga,
 def test_max_steps_counts_per_round(tmp_path, tiny_path):
     items = Dataset.from_list([{"prompt": f"Say something about {w}."} for w in ["rain", "snow", "wind", "fire"]])
     args = _args(tmp_path, MADPOIterConfig, rollout_buffer_size=2, train_batch_size=2, max_steps=1)
-    t = MADPOIterTrainer(agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=items)
+    t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=items)
     t.train()
     assert t.completed_rounds == 2 and t.state.global_step == 2
     assert t.args.max_steps == 1  # the user's value is left as it was

@@ -23,7 +23,7 @@ def lora_params(t, i):
 
 def test_shared_base_team_trains_adapters_only(make_args, items, tiny_path, tmp_path):
     args = make_args(share_base_model=True, max_steps=2, learning_rate=1e-2, reference_kl_enabled=True)
-    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items, peft_config=LORA)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=items, peft_config=LORA)
     team = t.team
     assert team.shared_base and all(isinstance(a, AdapterAgent) for a in team.agents)
     base_before = {k: p.detach().clone() for k, p in team.shared.named_parameters() if "lora_" not in k}
@@ -57,7 +57,7 @@ def test_shared_base_team_trains_adapters_only(make_args, items, tiny_path, tmp_
 
 def test_reference_logprobs_are_the_base_model(make_args, items, tiny_path):
     args = make_args(share_base_model=True, reference_kl_enabled=True)
-    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items, peft_config=LORA)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=items, peft_config=LORA)
     with torch.no_grad():  # make the adapters matter (LoRA B starts at zero)
         for k, p in t.team.shared.named_parameters():
             if "lora_B" in k:
@@ -72,7 +72,7 @@ def test_reference_logprobs_are_the_base_model(make_args, items, tiny_path):
 
 def test_mixed_adapter_generation_is_one_call(make_args, items, tiny_path, monkeypatch):
     args = make_args(share_base_model=True)
-    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items, peft_config=LORA)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=items, peft_config=LORA)
     calls = []
     original = t.team.shared.generate
 
@@ -93,9 +93,9 @@ def test_one_adapter_per_agent_model_and_heterogeneous(make_args, items, tiny_pa
     toks = [AutoTokenizer.from_pretrained(p) for p in (tiny_path, tiny_qwen_path)]
     args = make_args(MADPOConfig, preference_num_candidates=3, max_steps=1, learning_rate=1e-2)
     t = MADPOTrainer(
-        agents=[tiny_path, tiny_qwen_path],
-        tokenizer=toks,
-        reward_func=reward,
+        model=[tiny_path, tiny_qwen_path],
+        processing_class=toks,
+        reward_funcs=reward,
         args=args,
         train_dataset=items,
         peft_config=LORA,
@@ -116,11 +116,11 @@ def test_resume_restores_every_adapter(make_args, items, tiny_path, tmp_path):
         learning_rate=1e-2,
         output_dir=str(tmp_path / "ck"),
     )
-    a = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items, peft_config=LORA)
+    a = MAGRPOTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=items, peft_config=LORA)
     a.train()
     b = MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=reward,
+        model=tiny_path,
+        reward_funcs=reward,
         train_dataset=items,
         peft_config=LORA,
         args=make_args(share_base_model=True, max_steps=3, output_dir=str(tmp_path / "ck")),
@@ -135,22 +135,18 @@ def test_resume_restores_every_adapter(make_args, items, tiny_path, tmp_path):
 
 def test_lora_bad_inputs(make_args, items, tiny_path):
     with pytest.raises(ValueError, match="share_base_model=True needs a peft_config"):
-        MAGRPOTrainer(
-            agent_model=tiny_path, reward_func=reward, train_dataset=items, args=make_args(share_base_model=True)
-        )
+        MAGRPOTrainer(model=tiny_path, reward_funcs=reward, train_dataset=items, args=make_args(share_base_model=True))
     with pytest.raises(ValueError, match="share_base_model=True needs a homogeneous team"):
         MAGRPOTrainer(
-            agents=[tiny_path, tiny_path],
-            reward_func=reward,
+            model=[tiny_path, tiny_path],
+            reward_funcs=reward,
             train_dataset=items,
             peft_config=LORA,
             args=make_args(share_base_model=True),
         )
     bad = LoraConfig(r=4, target_modules=["not_a_module"])
     with pytest.raises(ValueError, match="peft_config cannot wrap .*model type 'llama'"):
-        MAGRPOTrainer(
-            agent_model=tiny_path, reward_func=reward, train_dataset=items, peft_config=bad, args=make_args()
-        )
+        MAGRPOTrainer(model=tiny_path, reward_funcs=reward, train_dataset=items, peft_config=bad, args=make_args())
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
 
 
@@ -159,9 +155,9 @@ def test_actor_critic_with_lora_agents_and_no_shared_base(make_args, items, tiny
 
     args = make_args(MAACConfig, num_generations=1, max_steps=1)
     t = MAACTrainer(
-        agent_model=tiny_path,
+        model=tiny_path,
         critic_model=tiny_path,
-        reward_func=reward,
+        reward_funcs=reward,
         args=args,
         train_dataset=items,
         peft_config=LORA,
@@ -170,9 +166,9 @@ def test_actor_critic_with_lora_agents_and_no_shared_base(make_args, items, tiny
     assert all(isinstance(a, PeftModel) for a in t.team.agents)
     with pytest.raises(ValueError, match="MAACTrainer does not support share_base_model=True"):
         MAACTrainer(
-            agent_model=tiny_path,
+            model=tiny_path,
             critic_model=tiny_path,
-            reward_func=reward,
+            reward_funcs=reward,
             train_dataset=items,
             peft_config=LORA,
             args=make_args(MAACConfig, num_generations=1, share_base_model=True),
@@ -184,7 +180,7 @@ def test_madpo_trl_forward_through_a_shared_base_team(make_args, items, tiny_pat
     shared base: each agent's log-probs are its own adapter's (a plain forward with that adapter active), the
     gradient reaches only the adapters, and the shared model's forward is left as it was."""
     args = make_args(MADPOConfig, share_base_model=True, preference_num_candidates=3, learning_rate=1e-2)
-    t = MADPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items, peft_config=LORA)
+    t = MADPOTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=items, peft_config=LORA)
     team = t.team
     with torch.no_grad():  # make the two adapters differ (LoRA B starts at zero)
         for i in range(2):

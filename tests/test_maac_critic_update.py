@@ -25,7 +25,7 @@ def test_maac_critic_takes_one_sgd_step_per_agent_on_the_updated_critic(make_arg
         advantage_normalization=False,
     )
     t = MAACTrainer(
-        agent_model=tiny_path, critic_model=tiny_path, reward_func=shared_reward, args=args, train_dataset=items
+        model=tiny_path, critic_model=tiny_path, reward_funcs=shared_reward, args=args, train_dataset=items
     )
     critic0 = copy.deepcopy(t.team.critics[0])
     seen = []
@@ -64,7 +64,7 @@ def test_maac_critic_takes_one_sgd_step_per_agent_on_the_updated_critic(make_arg
 def test_actors_and_critic_are_clipped_by_their_own_norms(make_args, items, tiny_path):
     args = make_args(MAACConfig, max_grad_norm=1.0)
     t = MAACTrainer(
-        agent_model=tiny_path, critic_model=tiny_path, reward_func=shared_reward, args=args, train_dataset=items
+        model=tiny_path, critic_model=tiny_path, reward_funcs=shared_reward, args=args, train_dataset=items
     )
     team = t.team
     modules = [team.agents[0], team.agents[1], team.critics[0]]
@@ -84,7 +84,7 @@ def test_actors_and_critic_are_clipped_by_their_own_norms(make_args, items, tiny
 
 
 def test_magrpo_agents_are_clipped_separately(make_args, items, tiny_path):
-    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=shared_reward, args=make_args(), train_dataset=items)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=shared_reward, args=make_args(), train_dataset=items)
     for agent, scale in zip(t.team.agents, (10.0, 0.25)):
         params = list(agent.parameters())
         for p in params:

@@ -49,7 +49,7 @@ def test_magrpo_learns_the_coordination_task(task_trainer):
 def test_baseline_variants_train_and_default_normalization_off(make_args, items, tiny_path, trainer_cls, config_cls):
     args = make_args(config_cls, max_steps=2)
     assert args.advantage_normalization is False
-    t = trainer_cls(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    t = trainer_cls(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     t.train()
     assert t.state.global_step == 2
 
@@ -59,7 +59,7 @@ def test_variants_differ_from_magrpo_without_normalization(make_args, items, tin
     weights = []
     for trainer_cls, cfg in ((MAGRPOTrainer, MAGRPOConfig), (MARLOOTrainer, MARLOOConfig)):
         args = make_args(cfg, max_steps=1, advantage_normalization=False, num_generations=3, learning_rate=1e-2)
-        t = trainer_cls(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+        t = trainer_cls(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
         t.train()
         weights.append(torch.cat([p.detach().flatten() for p in t.team.agents[0].parameters()]))
     # loo advantage = G/(G-1) x mean advantage: same direction, different size
@@ -81,8 +81,8 @@ def test_cross_mode_multi_turn_kl_and_trace(make_args, items, tiny_path, tmp_pat
         trace_dir=str(tmp_path / "trace"),
     )
     t = MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=length_reward,
+        model=tiny_path,
+        reward_funcs=length_reward,
         args=args,
         train_dataset=items,
         external_transition=transition,
@@ -102,9 +102,9 @@ def test_heterogeneous_team_with_own_tokenizers(make_args, items, tiny_path, tin
     toks = [AutoTokenizer.from_pretrained(tiny_path), AutoTokenizer.from_pretrained(tiny_qwen_path)]
     agents = [AutoModelForCausalLM.from_pretrained(tiny_path), tiny_qwen_path]
     t = MAGRPOTrainer(
-        agents=agents,
-        tokenizer=toks,
-        reward_func=length_reward,
+        model=agents,
+        processing_class=toks,
+        reward_funcs=length_reward,
         args=make_args(max_steps=1),
         train_dataset=items,
         formatters=[lambda x: x["prompt"], lambda x: [{"role": "user", "content": x["prompt"]}]],
@@ -115,8 +115,8 @@ def test_heterogeneous_team_with_own_tokenizers(make_args, items, tiny_path, tin
 
 def test_per_agent_learning_rate_groups(make_args, items, tiny_path):
     t = MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=length_reward,
+        model=tiny_path,
+        reward_funcs=length_reward,
         train_dataset=items,
         args=make_args(agent_learning_rate=2e-4, learning_rate=1e-3),
     )
@@ -130,9 +130,7 @@ def test_per_agent_learning_rate_groups(make_args, items, tiny_path):
 
 
 def test_save_model_writes_one_loadable_folder_per_agent(make_args, items, tiny_path, tmp_path):
-    t = MAGRPOTrainer(
-        agent_model=tiny_path, reward_func=length_reward, args=make_args(max_steps=1), train_dataset=items
-    )
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=length_reward, args=make_args(max_steps=1), train_dataset=items)
     t.train()
     out = tmp_path / "saved"
     t.save_model(str(out))
@@ -147,12 +145,12 @@ def test_save_model_writes_one_loadable_folder_per_agent(make_args, items, tiny_
 
 def test_checkpoint_resume_restores_the_agents(make_args, items, tiny_path, tmp_path):
     args = make_args(max_steps=2, save_strategy="steps", save_steps=2, output_dir=str(tmp_path / "ck"))
-    a = MAGRPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    a = MAGRPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     a.train()
     ckpt = tmp_path / "ck" / "checkpoint-2"
     assert (ckpt / "agent_1" / "model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
     args_b = make_args(max_steps=3, save_strategy="no", output_dir=str(tmp_path / "ck"))
-    b = MAGRPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args_b, train_dataset=items)
+    b = MAGRPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args_b, train_dataset=items)
     b._load_from_checkpoint(str(ckpt))
     for pa, pb in zip(a.team.parameters(), b.team.parameters()):
         torch.testing.assert_close(pa, pb)
@@ -162,8 +160,8 @@ def test_checkpoint_resume_restores_the_agents(make_args, items, tiny_path, tmp_
 
 def test_evaluate_logs_task_reward(make_args, items, tiny_path):
     t = MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=length_reward,
+        model=tiny_path,
+        reward_funcs=length_reward,
         args=make_args(eval_num_samples=3),
         train_dataset=items,
         eval_dataset=items,
@@ -188,7 +186,7 @@ def test_rollout_buffer_split_into_training_steps(make_args, items, tiny_path):
         return [float(len(a)) for a in c1]
 
     args = make_args(rollout_buffer_size=4, train_batch_size=2, max_steps=4)
-    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=counting_reward, args=args, train_dataset=items)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=counting_reward, args=args, train_dataset=items)
     t.train()
     assert calls == [8, 8]  # 2 rollouts of 4 items x G=2, each feeding 2 training steps
     assert t.state.global_step == 4
@@ -203,7 +201,7 @@ def test_remax_greedy_baseline(make_args, items, tiny_path):
         return [float(len(a)) for a in c1]
 
     args = make_args(MAReMaxConfig, remax_baseline="greedy", num_generations=2, max_steps=1)
-    t = MAReMaxTrainer(agent_model=tiny_path, reward_func=counting, args=args, train_dataset=items)
+    t = MAReMaxTrainer(model=tiny_path, reward_funcs=counting, args=args, train_dataset=items)
     rollout = t._rollout_step([items[0], items[1]])[0]["rollout"]
     assert calls == [2 * 2 + 2]  # the sampled AND the greedy joint actions, in one reward call
     greedy = t.generate([[t._render(0, items[0]["prompt"])], [t._render(1, items[0]["prompt"])]], 1, greedy=True)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cfg(**kw):
-    base = dict(output_dir="x", num_agents=2, num_generations=2, rollout_buffer_size=2, max_new_tokens=16)
+    base = dict(output_dir="x", num_agents=2, num_generations=2, rollout_buffer_size=2, max_completion_length=16)
     base.update(kw)
     return MAGRPOConfig(**base)
 
@@ -106,7 +106,9 @@ def test_loading_is_sharded_only_by_zero3_init_flag(tiny_path):
 def test_reward_model_is_whole_under_ddp_and_sharded_under_zero3_and_fsdp2(tiny_path):
     from trl_marl import MARLHFConfig
 
-    cfg = MARLHFConfig(output_dir="x", num_agents=2, num_generations=2, rollout_buffer_size=2, max_new_tokens=16)
+    cfg = MARLHFConfig(
+        output_dir="x", num_agents=2, num_generations=2, rollout_buffer_size=2, max_completion_length=16
+    )
     P = count_parameters(AutoConfig.from_pretrained(tiny_path))[0]
     ddp, z2, z3, f2 = (estimate(cfg, tiny_path, e, 4).reward_model for e in ("ddp", "zero2", "zero3", "fsdp2"))
     assert ddp == z2 == P * 4
@@ -126,7 +128,7 @@ def test_lora_team_on_one_base_costs_one_base(tiny_path):
 
 def test_critics_and_errors(tiny_path):
     P = count_parameters(AutoConfig.from_pretrained(tiny_path))[0]
-    args = MAPPOConfig(output_dir="x", num_agents=2, rollout_buffer_size=2, max_new_tokens=8)
+    args = MAPPOConfig(output_dir="x", num_agents=2, rollout_buffer_size=2, max_completion_length=8)
     est = estimate(args, tiny_path, "ddp", 1)
     assert est.critics == P * 4 + P * (4 + 8)  # one shared critic, trained like an agent
     with pytest.raises(ValueError, match="engine must be one of"):

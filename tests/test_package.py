@@ -33,7 +33,9 @@ def test_public_api_is_lazy_and_complete():
 
 
 def test_plugin_groups_are_declared():
+    from trl_marl.plugins.registry import GROUPS
+
     eps = PYPROJECT["project"]["entry-points"]
-    assert "trl_marl.comparators" in eps and "trl_marl.replay_modes" in eps
+    assert set(GROUPS) == set(eps)  # comparators, replay modes and tasks
     installed = {ep.name for ep in entry_points(group="trl_marl.replay_modes")}
     assert {"current", "nearest_k", "all_history", "lambda_decay"} <= installed

@@ -36,9 +36,9 @@ def test_joint_critic_tokenizer_error_says_each_thing_once(make_args, items, tin
 
     with pytest.raises(ValueError) as err:
         MAACTrainer(
-            agent_model=tiny_path,
+            model=tiny_path,
             critic_model=tiny_model_path(vocab_size=300),
-            reward_func=length_gap,
+            reward_funcs=length_gap,
             args=make_args(MAACConfig),
             train_dataset=items,
         )
@@ -53,9 +53,9 @@ def test_madpo_without_pairs_warns_once_with_what_to_change(make_args, items, ti
     from trl_marl import MADPOConfig, MADPOTrainer
 
     trainer = MADPOTrainer(
-        agent_model=tiny_path,
-        reward_func=constant,  # every candidate ties: no pair
-        args=make_args(MADPOConfig, preference_num_candidates=2, rollout_buffer_size=8, max_new_tokens=2),
+        model=tiny_path,
+        reward_funcs=constant,  # every candidate ties: no pair
+        args=make_args(MADPOConfig, preference_num_candidates=2, rollout_buffer_size=8, max_completion_length=2),
         train_dataset=items,
     )
     with caplog.at_level(logging.WARNING):
@@ -73,7 +73,9 @@ def test_recipe_exits_nonzero_when_no_training_step_was_taken(tmp_path, tiny_pat
     monkeypatch.setattr(MADPOTrainer, "collect_preference_pairs", lambda self, dataset=None: [])
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
-        load_recipe("madpo").main(["--output_dir", str(out), "--eval_num_samples", "2", "--max_new_tokens", "2"])
+        load_recipe("madpo").main(
+            ["--output_dir", str(out), "--eval_num_samples", "2", "--max_completion_length", "2"]
+        )
     assert exit_.value.code == 1
     assert "took no training step" in capsys.readouterr().err
     assert not (out / "team.json").exists()  # nothing saved
@@ -88,7 +90,7 @@ def test_centralized_recipe_says_what_it_saved(tmp_path, tiny_path, monkeypatch,
     monkeypatch.setattr(MADPOTrainer, "train", one_step)
     out = tmp_path / "run"
     argv = ["--output_dir", str(out), "--collaboration_mode", "centralized", "--eval_num_samples", "2"]
-    load_recipe("madpo").main(argv + ["--max_new_tokens", "2"])
+    load_recipe("madpo").main(argv + ["--max_completion_length", "2"])
     printed = capsys.readouterr().out
     assert "saved 1 centralized model (agent_1/) that writes all 2 roles" in printed
     assert "saved 2" not in printed
@@ -115,7 +117,7 @@ def test_save_into_a_reused_output_dir_leaves_no_stale_team_files(make_args, ite
     (out / "notes.txt").write_text("mine")  # not ours: kept
     (out / "agent_notes").mkdir()  # not a saved-team entry: kept
     trainer = MAGRPOTrainer(
-        agent_model=tiny_path, reward_func=length_gap, args=make_args(MAGRPOConfig), train_dataset=items
+        model=tiny_path, reward_funcs=length_gap, args=make_args(MAGRPOConfig), train_dataset=items
     )
     trainer.save_model(str(out))
     names = sorted(p.name for p in out.iterdir())

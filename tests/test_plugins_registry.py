@@ -3,8 +3,6 @@ installed third-party package would; nothing is installed."""
 
 from __future__ import annotations
 
-import sys
-import textwrap
 import tomllib
 import uuid
 from pathlib import Path
@@ -45,35 +43,6 @@ class OldestFirstReplay:
                 return [pairs[i] for i in range(len(pairs))][: self.sample_size]
         return []
 '''
-
-
-@pytest.fixture
-def fake_dist(tmp_path, monkeypatch):
-    """`make(entry_points={group: {name: value}}, modules={module_name: source})` writes a distribution with a
-    unique name under a fresh folder and prepends that folder to `sys.path`. Everything is undone afterwards."""
-    imported: list[str] = []
-
-    def make(entry_points: dict[str, dict[str, str]], modules: dict[str, str] | None = None) -> str:
-        root = tmp_path / uuid.uuid4().hex[:8]
-        root.mkdir()
-        for module, source in (modules or {}).items():
-            (root / f"{module}.py").write_text(textwrap.dedent(source))
-            imported.append(module)
-        dist_name = f"fake-trl-marl-plugin-{uuid.uuid4().hex[:8]}"
-        info = root / f"{dist_name.replace('-', '_')}-0.1.0.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.1.0\n")
-        lines = []
-        for group, eps in entry_points.items():
-            lines.append(f"[{group}]")
-            lines += [f"{name} = {value}" for name, value in eps.items()]
-        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-        monkeypatch.syspath_prepend(str(root))  # also invalidates the import caches
-        return dist_name
-
-    yield make
-    for module in imported:
-        sys.modules.pop(module, None)
 
 
 def unique(prefix: str) -> str:

@@ -19,6 +19,7 @@ from trl_marl import (
 from trl_marl.rewards import RewardFunction
 from trl_marl.rollout.centralized import CentralizedParseError, TaggedCentralizedAdapter, centralize
 from trl_marl.trainers.preference import JointRewardModel, PreferencePair, select_pairs
+from trl_marl.trainers.registry import get_algorithm
 
 
 def length_reward(c1, c2):
@@ -54,7 +55,7 @@ def test_pair_record_has_exactly_the_spec_shape():
 
 def test_collected_pairs_from_candidates(make_args, items, tiny_path):
     args = make_args(MADPOConfig, preference_num_candidates=3, preference_pairs_per_sample=2, rollout_buffer_size=4)
-    t = MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    t = MADPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     pairs = t.collect_preference_pairs()
     assert 0 < len(pairs) <= 2 * len(items)
     for p in pairs:
@@ -68,13 +69,13 @@ def test_collected_pairs_from_candidates(make_args, items, tiny_path):
 # ---------------------------------------------------------------- MADPO
 def _madpo(make_args, items, tiny_path, **kw):
     args = make_args(MADPOConfig, preference_num_candidates=3, train_batch_size=4, **kw)
-    return MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    return MADPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
 
 
 def test_madpo_gradient_matches_the_formula(make_args, items, tiny_path):
     t = _madpo(make_args, items, tiny_path)
     pairs = t.collect_preference_pairs()[:4]
-    beta = t.args.dpo_beta
+    beta = t.args.beta
     team = t.team
     loss = t.compute_loss(team, {"pairs": pairs})
     loss.backward()
@@ -125,7 +126,7 @@ def test_madpo_scores_every_completion_token_including_eos(make_args, items, tin
 
 def test_madpo_no_pair_ends_without_update(make_args, items, tiny_path):
     args = make_args(MADPOConfig, preference_num_candidates=2)
-    t = MADPOTrainer(agent_model=tiny_path, reward_func=lambda a, b: [1.0] * len(a), args=args, train_dataset=items)
+    t = MADPOTrainer(model=tiny_path, reward_funcs=lambda a, b: [1.0] * len(a), args=args, train_dataset=items)
     before = [p.clone() for p in t.team.parameters()]
     out = t.train()
     assert out.global_step == 0 and out.metrics["num_pairs"] == 0
@@ -143,7 +144,7 @@ def test_madpo_no_pair_ends_without_update(make_args, items, tiny_path):
         ({"pair_selection": "all"}, "set preference_pairs_per_sample=None"),
         ({"pair_selection": "best"}, "pair_selection must be one of"),
         ({"preference_num_candidates": 1}, "preference_num_candidates must be >= 2"),
-        ({"dpo_beta": 0.0}, "beta must be > 0"),
+        ({"beta": 0.0}, "beta must be > 0"),
         ({"beta": -1.0}, "beta must be > 0"),
         ({"loss_type": ["sigmoid", "kto"]}, "loss_type must be one or more of"),
         ({"loss_type": ["sigmoid", "hinge"], "loss_weights": [1.0]}, "loss_weights needs one weight"),
@@ -199,15 +200,15 @@ def test_centralized_reward_counts_parse_failures():
 
 def test_centralized_magrpo_and_madpo_train_one_model(make_args, items, tiny_path):
     t = CentralizedMAGRPOTrainer(
-        agent_model=tiny_path, reward_func=length_reward, args=make_args(MAGRPOConfig), train_dataset=items
+        model=tiny_path, reward_funcs=length_reward, args=make_args(MAGRPOConfig), train_dataset=items
     )
     t.train()
     assert t.num_roles == 2 and len(t.team.agents) == 1
     assert "centralized/parse_failure_rate" in t.state.log_history[0]
     args = make_args(MADPOConfig, collaboration_mode="centralized", preference_num_candidates=3)
     m = MADPOTrainer(
-        agent_model=tiny_path,
-        reward_func=lambda a, b: [float(len(a[j]) % 3) for j in range(len(a))],
+        model=tiny_path,
+        reward_funcs=lambda a, b: [float(len(a[j]) % 3) for j in range(len(a))],
         args=args,
         train_dataset=items,
     )
@@ -251,14 +252,14 @@ def test_marlhf_runs_with_each_backend(make_args, items, tiny_path, tmp_path, al
     args = make_args(MARLHFConfig, rl_algorithm=algorithm, preference_num_candidates=3, reward_learning_rate=1e-3)
     extra = {"critic_model": tiny_path} if algorithm == "maac" else {}
     t = MARLHFTrainer(
-        agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items, eval_dataset=items, **extra
+        model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items, eval_dataset=items, **extra
     )
     t.train()
     assert t.reward_model is not None
     expected = {"magrpo": "MARLHFTrainer", "maac": "MARLHFMAACTrainer", "iac": "MARLHFIACTrainer"}
     assert type(t).__name__ == expected.get(algorithm, "MARLHFTrainer")
     if algorithm not in ("maac", "iac"):
-        assert t.baseline == {"magrpo": "mean", "mareinforce": "raw", "marloo": "loo", "maremax": "max"}[algorithm]
+        assert t.baseline == get_algorithm(algorithm).baseline
     log = t.state.log_history[0]
     assert {"reward_model/accuracy", "reward_model/margin", "reward_model/loss", "num_pairs"} <= set(log)
     assert "eval_reward" in t.state.log_history[-1]  # evaluation uses the task reward
@@ -272,8 +273,8 @@ def test_marlhf_runs_with_each_backend(make_args, items, tiny_path, tmp_path, al
 def test_marlhf_maac_needs_a_critic(make_args, items, tiny_path):
     with pytest.raises(ValueError, match="critic"):
         MARLHFTrainer(
-            agent_model=tiny_path,
-            reward_func=length_reward,
+            model=tiny_path,
+            reward_funcs=length_reward,
             train_dataset=items,
             args=make_args(MARLHFConfig, rl_algorithm="maac"),
         )
@@ -287,9 +288,7 @@ def test_marlhf_rl_uses_the_learned_reward_and_eval_the_task_reward(make_args, i
         return [float(len(a)) for a in c1]
 
     args = make_args(MARLHFConfig, preference_num_candidates=3, max_steps=1, eval_num_samples=2)
-    t = MARLHFTrainer(
-        agent_model=tiny_path, reward_func=task_reward, args=args, train_dataset=items, eval_dataset=items
-    )
+    t = MARLHFTrainer(model=tiny_path, reward_funcs=task_reward, args=args, train_dataset=items, eval_dataset=items)
     t.pairs = t.collect_preference_pairs()
     n_collect = sum(task_calls)
     t.fit_reward_model()
@@ -328,7 +327,7 @@ def test_marlhf_logs_candidate_and_learned_rewards_apart(make_args, items, tiny_
         return [100.0 + len(a) for a in c1]  # far from anything the reward model outputs
 
     args = make_args(MARLHFConfig, preference_num_candidates=3, max_steps=1, logging_steps=1)
-    t = MARLHFTrainer(agent_model=tiny_path, reward_func=task_reward, args=args, train_dataset=items)
+    t = MARLHFTrainer(model=tiny_path, reward_funcs=task_reward, args=args, train_dataset=items)
     learned = []
     original = t._learned_reward
 
@@ -354,9 +353,9 @@ def test_marlhf_bad_inputs(make_args, items, tiny_path):
     other = AutoModelForCausalLM.from_pretrained(tiny_path)
     with pytest.raises(ValueError, match="reward_model_name is required"):
         MARLHFTrainer(
-            agents=[model, other],
-            tokenizer=None,
-            reward_func=length_reward,
+            model=[model, other],
+            processing_class=None,
+            reward_funcs=length_reward,
             args=make_args(MARLHFConfig),
             train_dataset=items,
         )
@@ -364,8 +363,8 @@ def test_marlhf_bad_inputs(make_args, items, tiny_path):
 
 def test_marlhf_no_pair_case(make_args, items, tiny_path):
     t = MARLHFTrainer(
-        agent_model=tiny_path,
-        reward_func=lambda a, b: [0.0] * len(a),
+        model=tiny_path,
+        reward_funcs=lambda a, b: [0.0] * len(a),
         train_dataset=items,
         args=make_args(MARLHFConfig, preference_num_candidates=2),
     )

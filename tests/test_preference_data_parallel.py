@@ -135,7 +135,7 @@ def test_madpo_pairs_of_two_processes_equal_one_processs(make_args, tiny_path, m
         rollout_buffer_size=2,
     )
     t = prompt_seeded_generation(
-        MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=ITEMS)
+        MADPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=ITEMS)
     )
     single = t.collect_preference_pairs()
     assert len(single) == len(ITEMS)  # one pair per item (no item tied on every candidate)
@@ -150,7 +150,7 @@ def test_madpo_batches_of_two_processes_are_one_processs_batches(make_args, tiny
     """11 pairs: with 4 per step one process trains [b0, b1, b2]; with 2 per process each rank trains its half of
     each of them, every epoch."""
     args = make_args(MADPOConfig, preference_num_candidates=3, train_batch_size=4)
-    t = MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=ITEMS)
+    t = MADPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=ITEMS)
     t.pairs = list(range(11))  # the loader only counts them
     real = t.accelerator
 
@@ -177,7 +177,7 @@ def test_madpo_mean_of_the_processes_losses_is_the_global_batch_loss(make_args, 
     """What the engine does with 2 processes (the mean of their gradients) is the gradient of one process's loss on
     the whole global batch."""
     args = make_args(MADPOConfig, preference_num_candidates=3, train_batch_size=4)
-    t = MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=ITEMS)
+    t = MADPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=ITEMS)
     pairs = t.collect_preference_pairs()[:4]
     team = t.team
     whole = t.compute_loss(team, {"pairs": pairs})
@@ -213,8 +213,8 @@ def test_madpoiter_round_pairs_of_two_processes_equal_one_processs(tmp_path, tin
         preference_pairs_per_sample=2,
     )
     t = MADPOIterTrainer(
-        agent_model=tiny_path,
-        reward_func=length_reward,
+        model=tiny_path,
+        reward_funcs=length_reward,
         args=args,
         train_dataset=ITEMS,
         comparator=PromptComparator(),
@@ -238,7 +238,7 @@ def test_madpo_reference_precompute_is_split_over_processes(make_args, tiny_path
         for p in ref.parameters():
             p.add_(0.05 * torch.randn_like(p))  # a reference that differs from the agents
     args = make_args(MADPOConfig, preference_num_candidates=3, precompute_ref_log_probs=True, train_batch_size=2)
-    t = MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=ITEMS, ref_model=ref)
+    t = MADPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=ITEMS, ref_model=ref)
     pairs = t.collect_preference_pairs()[:14]  # 13 missing: the last chunk of 2 x 2 holds one (a filler on rank 1)
     pairs[1].ref_chosen_logps, pairs[1].ref_rejected_logps = [0.5, 0.5], [0.25, 0.25]  # already there: kept
     n = len(pairs)
@@ -292,8 +292,8 @@ def test_madpoiter_round_precomputes_its_pairs_split_over_processes(tmp_path, ti
         train_batch_size=2,
     )
     t = MADPOIterTrainer(
-        agent_model=tiny_path,
-        reward_func=length_reward,
+        model=tiny_path,
+        reward_funcs=length_reward,
         args=args,
         train_dataset=ITEMS,
         comparator=PromptComparator(),

@@ -31,8 +31,8 @@ def madpo(make_args, items, tiny_path):
         kw = {"preference_num_candidates": 3, "max_steps": 1, "train_batch_size": 2, **kw}
         args = make_args(cfg, **kw)
         return cls(
-            agent_model=tiny_path,
-            reward_func=letters_reward,
+            model=tiny_path,
+            reward_funcs=letters_reward,
             args=args,
             train_dataset=items,
             **({"preference_pairs": pairs} if pairs is not None else {}),
@@ -80,7 +80,7 @@ def test_preference_pairs_accepts_records_pairs_and_datasets(madpo, form):
 
 def test_round_files_of_one_run_train_another_both_ways(madpo, make_args, items, tiny_path, tmp_path):
     # an iterative run's round file -> MADPO and MARLHF of another run
-    it = madpo(cls=MADPOIterTrainer, cfg=MADPOIterConfig, num_iterations=1, max_steps=-1)
+    it = madpo(cls=MADPOIterTrainer, cfg=MADPOIterConfig, num_rounds=1, max_steps=-1)
     it.train()
     rounds = read_round_file(it.rounds[0]["path"])
     assert rounds["pairs"] and all("winner_eos" in r for r in rounds["pairs"])
@@ -97,7 +97,7 @@ def test_round_files_of_one_run_train_another_both_ways(madpo, make_args, items,
     m.train()
     args = make_args(MARLHFConfig, preference_num_candidates=3, max_steps=1, eval_num_samples=2)
     rl = MARLHFTrainer(
-        agent_model=tiny_path, reward_func=letters_reward, args=args, train_dataset=items, preference_pairs=rounds
+        model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=items, preference_pairs=rounds
     )
     rl.fit_reward_model()
     # the other way: a MADPO run's collected pairs, stored as records, train another run

@@ -108,7 +108,7 @@ def test_per_agent_datasets_round_trip_and_conversational_form(tiny_path):
 
 def test_collected_pairs_export_and_retokenize_to_the_sampled_ids(make_args, items, tiny_path):
     args = make_args(MADPOConfig, preference_num_candidates=3, preference_pairs_per_sample=2)
-    t = MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    t = MADPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     pairs = t.collect_preference_pairs()
     back = PreferencePair.from_dataset(to_dataset(pairs), trainer=t)
     assert len(back) == len(pairs)
@@ -118,8 +118,8 @@ def test_collected_pairs_export_and_retokenize_to_the_sampled_ids(make_args, ite
             assert torch.equal(a.prompt_ids[i], b.prompt_ids[i])
     # chat-template formatters: collected pairs keep the messages and export conversationally
     chat = MADPOTrainer(
-        agent_model=tiny_path,
-        reward_func=length_reward,
+        model=tiny_path,
+        reward_funcs=length_reward,
         args=args,
         train_dataset=items,
         formatters=lambda item: [{"role": "user", "content": item["prompt"]}],
@@ -350,18 +350,17 @@ def test_trl_pieces_exist_in_the_installed_trl():
     assert trl_pieces.RewardConfig(output_dir="x", use_cpu=True, bf16=False).center_rewards_coefficient is None
 
 
-def test_madpo_beta_and_dpo_beta_alias(make_args):
+def test_madpo_beta_default_and_loss_type(make_args):
+    """TRL's default `beta`; a single `loss_type` becomes a list, as in TRL's DPOConfig (the `dpo_beta` alias is
+    tested in tests/test_trl_names.py)."""
     assert make_args(MADPOConfig).beta == 0.1
-    assert make_args(MADPOConfig, beta=0.3).dpo_beta == 0.3
-    with pytest.warns(FutureWarning, match="`dpo_beta` is deprecated; use `beta`"):
-        args = make_args(MADPOConfig, dpo_beta=0.2)
-    assert args.beta == args.dpo_beta == 0.2
+    assert make_args(MADPOConfig, beta=0.3).beta == 0.3
     assert make_args(MADPOConfig, loss_type="hinge").loss_type == ["hinge"]
 
 
 def _madpo(make_args, items, tiny_path, **kw):
     args = make_args(MADPOConfig, preference_num_candidates=3, train_batch_size=4, **kw.pop("cfg", {}))
-    return MADPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items, **kw)
+    return MADPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items, **kw)
 
 
 @pytest.mark.parametrize("loss_type", ["hinge", "ipo", "bco_pair", "aot", "sft"])
@@ -568,8 +567,8 @@ def test_reward_model_path_must_be_a_sequence_classification_model(make_args, ti
 
     with pytest.raises(ValueError, match="must be a sequence-classification model with num_labels=1"):
         MARLHFTrainer(
-            agent_model=tiny_path,
-            reward_func=length_reward,
+            model=tiny_path,
+            reward_funcs=length_reward,
             args=make_args(MARLHFConfig, reward_model_path=tiny_path),
             train_dataset=[{"prompt": "a"}],
         )
@@ -587,8 +586,8 @@ def test_train_elsewhere_round_trip_with_trl_trainers(make_args, items, tiny_pat
     from trl_marl import MARLHFConfig, MARLHFTrainer
 
     collector = MADPOTrainer(
-        agent_model=tiny_path,
-        reward_func=length_reward,
+        model=tiny_path,
+        reward_funcs=length_reward,
         args=make_args(MADPOConfig, preference_num_candidates=3),
         train_dataset=items,
     )
@@ -615,7 +614,7 @@ def test_train_elsewhere_round_trip_with_trl_trainers(make_args, items, tiny_pat
         return length_reward(c1, c2)
 
     args = make_args(MARLHFConfig, reward_model_path=str(tmp_path / "rm"), max_steps=1)
-    t = MARLHFTrainer(agent_model=tiny_path, reward_func=task_reward, args=args, train_dataset=items)
+    t = MARLHFTrainer(model=tiny_path, reward_funcs=task_reward, args=args, train_dataset=items)
     t.train()
     assert t.state.global_step == 1 and not task_calls  # no collection, no fit: the RL rewards are the model's
     with torch.no_grad():

@@ -49,7 +49,7 @@ def test_magrpo_recipe_yaml_config(tmp_path, tiny_path):
     )
     trainer = load_recipe("magrpo").main(["--config", str(cfg)])
     assert trainer.args.learning_rate == 0.01 and trainer.args.num_generations == 2
-    assert trainer.args.max_new_tokens == 16  # not in the YAML: the tiny default
+    assert trainer.args.max_completion_length == 16  # not in the YAML: the tiny default
 
 
 def test_accelerate_launch_madpo_the_main_job(tmp_path, tiny_path):

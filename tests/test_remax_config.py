@@ -13,10 +13,10 @@ def length_reward(c1, c2):
 
 def test_a_plain_magrpo_config_sets_the_greedy_baseline(make_args, items, tiny_path):
     args = make_args(MAGRPOConfig, remax_baseline="greedy", advantage_normalization=False)
-    t = MAReMaxTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    t = MAReMaxTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     assert t.baseline == "greedy" and t.rollout_engine.greedy_baseline
     with pytest.raises(ValueError, match="remax_baseline='greedy' only applies to MAReMaxTrainer"):
-        MAGRPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+        MAGRPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     with pytest.raises(ValueError, match="remax_baseline must be one of"):
         make_args(MAGRPOConfig, remax_baseline="mean")
 
@@ -24,11 +24,11 @@ def test_a_plain_magrpo_config_sets_the_greedy_baseline(make_args, items, tiny_p
 @pytest.mark.parametrize("trainer_cls", [MARLOOTrainer, MAReMaxTrainer])
 def test_normalization_that_erases_the_baseline_warns(make_args, items, tiny_path, trainer_cls):
     with pytest.warns(UserWarning, match="trains exactly as MAGRPOTrainer"):
-        trainer_cls(agent_model=tiny_path, reward_func=length_reward, args=make_args(), train_dataset=items)
+        trainer_cls(model=tiny_path, reward_funcs=length_reward, args=make_args(), train_dataset=items)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         args = make_args(advantage_normalization=False)
-        trainer_cls(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+        trainer_cls(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
 
 
 def test_recipe_sets_the_greedy_baseline(monkeypatch, tmp_path):

@@ -63,9 +63,7 @@ def test_marlhf_iter_rounds_draw_different_rollouts_and_runs_repeat(tmp_path):
     runs = []
     for run in range(2):
         args = _args(tmp_path / str(run), MARLHFIterConfig, learning_rate=1e-9, reward_learning_rate=1e-3)
-        t = MARLHFIterTrainer(
-            agent_model=tiny_model_path(), reward_func=letters_reward, args=args, train_dataset=ITEMS
-        )
+        t = MARLHFIterTrainer(model=tiny_model_path(), reward_funcs=letters_reward, args=args, train_dataset=ITEMS)
         seen = _rl_rollout_texts(t)
         torch.manual_seed(999 + run)  # the global RNG does not matter: every draw comes from the streams
         t.train()
@@ -87,7 +85,7 @@ def test_comparator_samples_do_not_shift_training_rollouts(tmp_path):
             comparator_model_name=tiny_model_path(),
             comparator_num_candidates=kc,
         )
-        t = MADPOIterTrainer(agent_model=tiny_model_path(), reward_func=letters_reward, args=args, train_dataset=ITEMS)
+        t = MADPOIterTrainer(model=tiny_model_path(), reward_funcs=letters_reward, args=args, train_dataset=ITEMS)
         t._stream_round = 1
         t.comparator.prepare(t, 1) if hasattr(t.comparator, "prepare") else None
         t._collect_round(1)  # the agents' candidates, then the comparator's kc samples

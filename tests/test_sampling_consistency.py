@@ -22,8 +22,8 @@ def _tempered_reference(model, batch, T):
 
 def test_policy_and_reference_logprobs_use_the_sampling_temperature(make_args, items, tiny_path):
     T = 0.7
-    args = make_args(temperature=T, reference_kl_enabled=True, reference_kl_coef=0.1, max_new_tokens=5)
-    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    args = make_args(temperature=T, reference_kl_enabled=True, reference_kl_coef=0.1, max_completion_length=5)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     rollout = t.rollout_engine.run([items[0], items[1]], t.generate)
     batches = [t.agent_batch(i, rollout.samples_of_agent(i)) for i in range(2)]
     with torch.no_grad():
@@ -53,9 +53,9 @@ def test_policy_and_reference_logprobs_use_the_sampling_temperature(make_args, i
 
 def test_ppo_old_logprobs_use_the_sampling_temperature(make_args, items, tiny_path):
     T = 1.6
-    args = make_args(MAPPOConfig, temperature=T, max_new_tokens=5)
+    args = make_args(MAPPOConfig, temperature=T, max_completion_length=5)
     t = MAPPOTrainer(
-        agent_model=tiny_path, critic_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items
+        model=tiny_path, critic_model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items
     )
     rollout = t.rollout_engine.run([items[0], items[1]], t.generate)
     t._assign_returns(rollout)
@@ -70,7 +70,7 @@ def test_ppo_old_logprobs_use_the_sampling_temperature(make_args, items, tiny_pa
 def test_entropy_is_logged_per_agent_from_the_loss_forward(make_args, items, tiny_path):
     T = 0.8
     args = make_args(temperature=T, max_steps=1)
-    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=length_reward, args=args, train_dataset=items)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     t.train()
     logged = t.state.log_history[0]
     assert {"agent_1/entropy", "agent_2/entropy", "entropy"} <= set(logged)
@@ -116,8 +116,8 @@ def two_eos_trainer(make_args, items, tiny_path):
         m = AutoModelForCausalLM.from_pretrained(tiny_path)
         m.generation_config.eos_token_id = ids
         agents.append(m)
-    args = make_args(max_new_tokens=5)
-    t = MAGRPOTrainer(agents=agents, tokenizer=tok, reward_func=length_reward, args=args, train_dataset=items)
+    args = make_args(max_completion_length=5)
+    t = MAGRPOTrainer(model=agents, processing_class=tok, reward_funcs=length_reward, args=args, train_dataset=items)
     assert t.eos_ids[0] == sorted(ids) and ids[1] > ids[0]
     return t, ids
 
@@ -152,7 +152,7 @@ def test_comparator_completion_keeps_the_emitted_eos_and_a_cut_completion_gets_n
         h.remove()
     text = joint[0][0][0]
     ids = t.tokenize_completion(0, text)
-    assert ids.numel() == t.args.max_new_tokens and not set(ids.tolist()) & {eos_small, eos_large}
+    assert ids.numel() == t.args.max_completion_length and not set(ids.tolist()) & {eos_small, eos_large}
     assert ids.tolist() == text.token_ids.tolist()
 
 

@@ -18,7 +18,7 @@ def test_mp_places_agents_and_generates_in_threads(make_args, items, tiny_path, 
     args = make_args(
         parallel_training="mp", agent_devices=["cpu", "cpu"], reference_kl_enabled=True, reference_devices=["cpu"]
     )
-    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=items)
     assert [str(t.agent_device(i)) for i in range(2)] == ["cpu", "cpu"]
     threads = set()
     for agent in t.team.agents:
@@ -55,7 +55,7 @@ def test_gradient_accumulation_and_lr_schedule(make_args, items, tiny_path):
         warmup_steps=1,
         learning_rate=1e-3,
     )
-    t = MAGRPOTrainer(agent_model=tiny_path, reward_func=counting, args=args, train_dataset=items)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=counting, args=args, train_dataset=items)
     t.train()
     # 2 optimizer steps x 2 accumulated micro-steps, each rollout (2 items) feeding 2 micro-steps
     assert t.state.global_step == 2 and calls == [4, 4]
@@ -67,7 +67,7 @@ def test_gradient_accumulation_and_lr_schedule(make_args, items, tiny_path):
 def test_max_grad_norm_clips(make_args, items, tiny_path):
     def delta(max_grad_norm):
         args = make_args(optim="sgd", learning_rate=1.0, max_grad_norm=max_grad_norm, weight_decay=0.0)
-        t = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items)
+        t = MAGRPOTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=items)
         before = [p.detach().clone() for p in t.team.parameters()]
         t.train()
         return max((p.detach() - b).abs().max().item() for p, b in zip(t.team.parameters(), before))
@@ -80,7 +80,7 @@ def test_gradient_checkpointing_gives_the_same_loss(make_args, items, tiny_path)
     losses = []
     for gc in (False, True):
         args = make_args(gradient_checkpointing=gc, seed=3)
-        t = MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items)
+        t = MAGRPOTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=items)
         t.train()
         assert t.team.is_gradient_checkpointing == gc
         losses.append(t.state.log_history[0]["loss"])
@@ -89,7 +89,7 @@ def test_gradient_checkpointing_gives_the_same_loss(make_args, items, tiny_path)
 
 def test_bf16_on_cpu(make_args, items, tiny_path):
     t = MAGRPOTrainer(
-        agent_model=tiny_path, reward_func=reward, train_dataset=items, args=make_args(bf16=True, use_cpu=True)
+        model=tiny_path, reward_funcs=reward, train_dataset=items, args=make_args(bf16=True, use_cpu=True)
     )
     t.train()
     assert t.args.bf16 and torch.isfinite(torch.tensor(t.state.log_history[0]["loss"]))
@@ -98,7 +98,7 @@ def test_bf16_on_cpu(make_args, items, tiny_path):
 def test_report_to_tensorboard_writes_events(make_args, items, tiny_path, tmp_path):
     pytest.importorskip("tensorboard")
     args = make_args(report_to="tensorboard")
-    MAGRPOTrainer(agent_model=tiny_path, reward_func=reward, args=args, train_dataset=items).train()
+    MAGRPOTrainer(model=tiny_path, reward_funcs=reward, args=args, train_dataset=items).train()
     events = list(tmp_path.rglob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
 
@@ -116,9 +116,7 @@ def test_wandb_config_maps_to_the_environment(make_args, monkeypatch):
 
 @pytest.mark.slow
 def test_torch_compile(make_args, items, tiny_path):
-    t = MAGRPOTrainer(
-        agent_model=tiny_path, reward_func=reward, train_dataset=items, args=make_args(torch_compile=True)
-    )
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=reward, train_dataset=items, args=make_args(torch_compile=True))
     t.train()
     assert t.state.global_step == 1
 

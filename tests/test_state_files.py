@@ -68,8 +68,7 @@ def iterative_checkpoint(tmp_path_factory, tiny_path):
     import resume_run
 
     out = tmp_path_factory.mktemp("iter")
-    t = resume_run.build("madpoiter", str(out), tiny_path)
-    t.args.num_iterations = 1
+    t = resume_run.build("madpoiter", str(out), tiny_path, num_rounds=1)
     t.train()
     (ckpt,) = out.glob("checkpoint-*")
     return t, ckpt
@@ -132,8 +131,7 @@ def test_iterative_resume_from_checkpoint_true(iterative_checkpoint, tiny_path):
     import resume_run
 
     done, ckpt = iterative_checkpoint
-    t = resume_run.build("madpoiter", str(ckpt.parent), tiny_path)
-    t.args.num_iterations = 1
+    t = resume_run.build("madpoiter", str(ckpt.parent), tiny_path, num_rounds=1)
     t.train(resume_from_checkpoint=True)
     assert t._restored_from == str(ckpt) and t.completed_rounds == 1
     assert t.state.global_step == done.state.global_step

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # HumanEval prompts reach ~1000 tokens of the tiny tokenizer; keep their end (the signature and docstring) only,
 # which keeps every run short.
-SMALL = dict(max_new_tokens=8, max_prompt_length=192, rollout_buffer_size=2, eval_num_samples=2)
+SMALL = dict(max_completion_length=8, max_prompt_length=192, rollout_buffer_size=2, eval_num_samples=2)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,8 @@ def code_task():
 def _trainer(task, tiny_path, make_args, **overrides) -> MAGRPOTrainer:
     args = make_args(MAGRPOConfig, **{**SMALL, **overrides})
     return MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=task.reward_func,
+        model=tiny_path,
+        reward_funcs=task.reward_func,
         formatters=task.formatters,
         external_transition=task.external_transition if args.num_turns > 1 else None,
         train_dataset=task.train_dataset.select(range(4)),
@@ -92,7 +92,7 @@ def test_recipe_accepts_the_task(recipe, task, tmp_path, tiny_path):
         "--output_dir": str(tmp_path / task),
         "--max_steps": "1",
         "--num_generations": "2",
-        "--max_new_tokens": "8",
+        "--max_completion_length": "8",
         "--max_prompt_length": "192",
         "--rollout_buffer_size": "2",
         "--eval_num_samples": "2",

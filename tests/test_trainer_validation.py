@@ -21,7 +21,7 @@ def reward(c1, c2):
 
 def build(make_args, items, trainer=MAGRPOTrainer, **kw):
     args = kw.pop("args", None) or make_args()
-    return trainer(**{"agent_model": MISSING, "reward_func": reward, "args": args, "train_dataset": items, **kw})
+    return trainer(**{"model": MISSING, "reward_funcs": reward, "args": args, "train_dataset": items, **kw})
 
 
 def test_multi_turn_without_transition(make_args, items):
@@ -41,8 +41,8 @@ def test_mareinforce_accepts_one_generation(make_args, items, tiny_path):
     from trl_marl import MAREINFORCEConfig
 
     t = MAREINFORCETrainer(
-        agent_model=tiny_path,
-        reward_func=reward,
+        model=tiny_path,
+        reward_funcs=reward,
         train_dataset=items,
         args=make_args(MAREINFORCEConfig, num_generations=1),
     )
@@ -82,24 +82,24 @@ def test_formatter_list_of_wrong_length(make_args, items):
 
 def test_tokenizer_list_of_wrong_length(make_args, items, tiny_tokenizer):
     with pytest.raises(ValueError, match="tokenizer list has 1 entries but num_agents is 2"):
-        build(make_args, items, tokenizer=[tiny_tokenizer])
+        build(make_args, items, processing_class=[tiny_tokenizer])
 
 
 def test_agent_model_object_with_several_agents(make_args, items):
     import torch
 
     with pytest.raises(ValueError, match="agent_model is a model object but num_agents=2"):
-        build(make_args, items, agent_model=torch.nn.Linear(1, 1))
+        build(make_args, items, model=torch.nn.Linear(1, 1))
 
 
 def test_neither_agent_model_nor_agents(make_args, items):
     with pytest.raises(ValueError, match="pass model= .* agent_model=, agents="):
-        build(make_args, items, agent_model=None)
+        build(make_args, items, model=None)
 
 
 def test_agents_list_length(make_args, items):
     with pytest.raises(ValueError, match="agents has 3 entries but num_agents is 2"):
-        build(make_args, items, agent_model=None, agents=[MISSING] * 3)
+        build(make_args, items, model=[MISSING] * 3)
 
 
 def test_empty_dataset(make_args):
@@ -113,16 +113,16 @@ def test_empty_dataset(make_args):
 
 def test_reward_with_wrong_signature(make_args, items):
     with pytest.raises(TypeError, match="takes 4 required positional"):
-        build(make_args, items, reward_func=lambda a, b, c, d: [])
+        build(make_args, items, reward_funcs=lambda a, b, c, d: [])
 
 
 def test_missing_reward(make_args, items):
     with pytest.raises(ValueError, match="reward_funcs is required"):
-        build(make_args, items, reward_func=None)
+        build(make_args, items, reward_funcs=None)
 
 
 def _trainer(make_args, items, tiny_path, reward_func):
-    return MAGRPOTrainer(agent_model=tiny_path, reward_func=reward_func, args=make_args(), train_dataset=items)
+    return MAGRPOTrainer(model=tiny_path, reward_funcs=reward_func, args=make_args(), train_dataset=items)
 
 
 def test_reward_returning_wrong_length_fails_on_first_call(make_args, items, tiny_path):
@@ -145,8 +145,8 @@ def test_reward_returning_nan_fails_on_first_call(make_args, items, tiny_path):
 
 def test_dataset_smaller_than_a_rollout_batch(make_args, items, tiny_path):
     t = MAGRPOTrainer(
-        agent_model=tiny_path,
-        reward_func=reward,
+        model=tiny_path,
+        reward_funcs=reward,
         train_dataset=items.select(range(1)),
         args=make_args(rollout_buffer_size=2),
     )
@@ -155,9 +155,7 @@ def test_dataset_smaller_than_a_rollout_batch(make_args, items, tiny_path):
 
 
 def test_items_left_over_after_the_last_rollout_batch_are_announced(make_args, items, tiny_path, caplog):
-    t = MAGRPOTrainer(
-        agent_model=tiny_path, reward_func=reward, train_dataset=items.select(range(7)), args=make_args()
-    )
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=reward, train_dataset=items.select(range(7)), args=make_args())
     with caplog.at_level("WARNING", logger="trl_marl.trainers.base"):
         loader = t.get_train_dataloader()
     assert "has 7 items" in caplog.text and "skips the 1 left" in caplog.text
@@ -212,8 +210,8 @@ def test_eval_dataset_without_the_formatters_column_fails_at_construction(make_a
         r"KeyError: 'topic'",
     ):
         MAGRPOTrainer(
-            agent_model=tiny_path,
-            reward_func=lambda a, b: [1.0] * len(a),
+            model=tiny_path,
+            reward_funcs=lambda a, b: [1.0] * len(a),
             args=make_args(),
             train_dataset=items,
             eval_dataset=eval_items,
@@ -252,8 +250,8 @@ def test_formatter_key_error_at_run_time_names_the_agent(make_args, items, tiny_
 def test_mistyped_local_folder_says_folder_not_found(make_args, items, tmp_path):
     with pytest.raises(FileNotFoundError, match="model folder not found: .*no such local folder"):
         MAGRPOTrainer(
-            agent_model=str(tmp_path / "modles" / "tiny"),
-            reward_func=lambda a, b: [1.0] * len(a),
+            model=str(tmp_path / "modles" / "tiny"),
+            reward_funcs=lambda a, b: [1.0] * len(a),
             args=make_args(),
             train_dataset=items,
         )

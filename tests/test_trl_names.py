@@ -9,6 +9,7 @@ from trl.rewards import think_format_reward
 
 from trl_marl import MADPOConfig, MADPOIterConfig, MAGRPOConfig, MAGRPOTrainer
 from trl_marl.rewards import RewardFunction, lift, team_reward, weighted_sum
+from trl_marl.utils.deprecation import TrlMarlFutureWarning
 
 
 def cfg(tmp_path, **kw):
@@ -34,13 +35,13 @@ def count_a(a, b):
 
 # ---------------------------------------------------------------- config fields
 def test_config_aliases_warn_and_mirror(tmp_path):
-    with pytest.warns(FutureWarning, match="`max_new_tokens` is deprecated; use `max_completion_length`"):
+    with pytest.warns(TrlMarlFutureWarning, match="`max_new_tokens` is deprecated; use `max_completion_length`"):
         c = MAGRPOConfig(output_dir=str(tmp_path), max_new_tokens=7, report_to="none")
     assert c.max_completion_length == 7 and c.max_new_tokens == 7
-    with pytest.warns(FutureWarning, match="`dpo_beta` is deprecated; use `beta`"):
+    with pytest.warns(TrlMarlFutureWarning, match="`dpo_beta` is deprecated; use `beta`"):
         d = MADPOConfig(output_dir=str(tmp_path), dpo_beta=0.3, report_to="none")
     assert d.beta == 0.3 and d.dpo_beta == 0.3
-    with pytest.warns(FutureWarning, match="`num_iterations` is deprecated; use `num_rounds`"):
+    with pytest.warns(TrlMarlFutureWarning, match="`num_iterations` is deprecated; use `num_rounds`"):
         i = MADPOIterConfig(output_dir=str(tmp_path), num_iterations=5, report_to="none")
     assert i.num_rounds == 5 and i.num_iterations == 5
     with warnings.catch_warnings():
@@ -76,11 +77,19 @@ def test_trl_positional_order_and_names(tmp_path, tiny_path, tiny_tokenizer):
     assert t2.agent_names == [tiny_path, tiny_path]
 
 
-def test_old_trainer_names_warn(tmp_path, tiny_path):
-    with pytest.warns(FutureWarning, match="`agent_model=` is deprecated; use `model=`"):
+def test_old_trainer_names_warn(tmp_path, tiny_path, tiny_tokenizer):
+    with pytest.warns(TrlMarlFutureWarning, match="`agent_model=` is deprecated; use `model=`"):
         MAGRPOTrainer(agent_model=tiny_path, reward_funcs=count_a, args=cfg(tmp_path), train_dataset=ITEMS)
-    with pytest.warns(FutureWarning, match="`reward_func=` is deprecated; use `reward_funcs=`"):
+    with pytest.warns(TrlMarlFutureWarning, match="`agents=` is deprecated; use `model=`"):
+        t = MAGRPOTrainer(agents=[tiny_path, tiny_path], reward_funcs=count_a, args=cfg(tmp_path), train_dataset=ITEMS)
+    assert t.agent_names == [tiny_path, tiny_path]
+    with pytest.warns(TrlMarlFutureWarning, match="`reward_func=` is deprecated; use `reward_funcs=`"):
         MAGRPOTrainer(model=tiny_path, reward_func=count_a, args=cfg(tmp_path), train_dataset=ITEMS)
+    with pytest.warns(TrlMarlFutureWarning, match="`tokenizer=` is deprecated; use `processing_class=`"):
+        t = MAGRPOTrainer(
+            model=tiny_path, reward_funcs=count_a, args=cfg(tmp_path), train_dataset=ITEMS, tokenizer=tiny_tokenizer
+        )
+    assert t.tokenizers[0] is tiny_tokenizer
     with pytest.raises(TypeError, match="pass model= .* or its deprecated alias agent_model=, not both"):
         MAGRPOTrainer(model=tiny_path, agent_model=tiny_path, reward_funcs=count_a, args=cfg(tmp_path),
                       train_dataset=ITEMS)  # fmt: skip

@@ -92,7 +92,7 @@ def trained(vllm_path, tmp_path_factory, items_list):
         output_dir=str(tmp_path_factory.mktemp("magrpo")),
         num_agents=2,
         num_generations=2,
-        max_new_tokens=6,
+        max_completion_length=6,
         rollout_buffer_size=2,
         learning_rate=0.0,
         max_steps=2,
@@ -103,7 +103,7 @@ def trained(vllm_path, tmp_path_factory, items_list):
         seed=0,
         **VLLM_SETTINGS,
     )
-    t = MAGRPOTrainer(agent_model=vllm_path, reward_func=reward, args=args, train_dataset=items_list, callbacks=[cb])
+    t = MAGRPOTrainer(model=vllm_path, reward_funcs=reward, args=args, train_dataset=items_list, callbacks=[cb])
     cb.trainer = t
     t.train()
     yield t, seen
@@ -131,7 +131,7 @@ def test_two_steps_push_weights_and_log_the_sampling_gap(trained):
 def test_engine_samples_from_the_new_weights_after_an_optimizer_step(trained, vllm_path):
     t, seen = trained
     tok = t.tokenizers[0]
-    certain_text = tok.decode([CERTAIN] * t.args.max_new_tokens, skip_special_tokens=True)
+    certain_text = tok.decode([CERTAIN] * t.args.max_completion_length, skip_special_tokens=True)
     before, after = seen[0][0], seen[1][0]
     assert not any(c == certain_text for c in before)
     assert after == [certain_text] * len(after)  # step 2's rollout came from the edited weights
@@ -197,7 +197,7 @@ def _args(config_cls, tmp_path, **kw):
         output_dir=str(tmp_path),
         num_agents=2,
         num_generations=2,
-        max_new_tokens=6,
+        max_completion_length=6,
         rollout_buffer_size=2,
         learning_rate=1e-2,
         max_steps=2,
@@ -222,7 +222,7 @@ def test_every_trainer_family_runs_two_steps(family, vllm_path, items_list, tmp_
         cls, args = MADPOTrainer, _args(MADPOConfig, tmp_path, preference_num_candidates=3, train_batch_size=2)
     else:
         cls, args = MARLHFTrainer, _args(MARLHFConfig, tmp_path, preference_num_candidates=3)
-    t = cls(agent_model=vllm_path, reward_func=length_reward, args=args, train_dataset=items_list, **extra)
+    t = cls(model=vllm_path, reward_funcs=length_reward, args=args, train_dataset=items_list, **extra)
     try:
         t.train()
         assert t.state.global_step == 2
@@ -250,7 +250,7 @@ def test_shared_base_team_on_one_multi_lora_engine(vllm_path, items_list, tmp_pa
     args = _args(MAGRPOConfig, tmp_path, share_base_model=True, learning_rate=5e-2)
     peft = LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"])
     t = MAGRPOTrainer(
-        agent_model=vllm_path, reward_func=length_reward, args=args, train_dataset=items_list, peft_config=peft
+        model=vllm_path, reward_funcs=length_reward, args=args, train_dataset=items_list, peft_config=peft
     )
     try:
         g = t.vllm_generation
@@ -285,7 +285,7 @@ def test_shared_base_team_without_lora_serving_uses_merged_per_agent_engines(vll
     args = _args(MAGRPOConfig, tmp_path, share_base_model=True, vllm_enable_lora=False, learning_rate=5e-2)
     peft = LoraConfig(r=8, target_modules=["q_proj", "v_proj"])
     t = MAGRPOTrainer(
-        agent_model=vllm_path, reward_func=length_reward, args=args, train_dataset=items_list, peft_config=peft
+        model=vllm_path, reward_funcs=length_reward, args=args, train_dataset=items_list, peft_config=peft
     )
     try:
         assert not t.vllm_generation.lora and len(t.vllm_generation.engines) == 2

@@ -1,4 +1,5 @@
-"""Import paths that moved in 0.2 keep working for one release, with a `DeprecationWarning` naming the new path.
+"""Import paths that moved in 0.2 keep working for one release, with a `DeprecationWarning` naming the new path
+(`trl_marl.utils.deprecation.TrlMarlDeprecationWarning`).
 
 A module that moved whole (`trl_marl.zero3` -> `trl_marl.distributed.zero3`) is the new module under its old name
 (so `python -m trl_marl.memory`, `mock.patch("trl_marl.fsdp....")` and pickles naming the old path still work). A
@@ -14,7 +15,8 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
-import warnings
+
+from trl_marl.utils.deprecation import TrlMarlDeprecationWarning, warn_deprecated
 
 __all__ = ["MOVED_MODULES", "SPLIT_MODULES", "install"]
 
@@ -61,7 +63,9 @@ SPLIT_MODULES = {
 
 
 def _warn(old: str, new: str) -> None:
-    warnings.warn(f"{old} moved to {new}; the old path goes in the next release", DeprecationWarning, stacklevel=3)
+    warn_deprecated(
+        f"{old} moved to {new}; the old path goes in the next release", TrlMarlDeprecationWarning, stacklevel=3
+    )
 
 
 class _SplitModule(types.ModuleType):

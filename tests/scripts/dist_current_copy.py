@@ -28,12 +28,12 @@ def main():
     items = Dataset.from_list([{"prompt": f"Item {i}: say something about {w}."} for i, w in enumerate("abcd")])
     args = MADPOIterConfig(
         output_dir=out,
-        max_new_tokens=4,
+        max_completion_length=4,
         learning_rate=1e-3,
         preference_num_candidates=2,
         rollout_buffer_size=2,
         train_batch_size=2,
-        num_iterations=1,
+        num_rounds=1,
         comparator_policy="current_copy",
         comparator_devices=["cpu"],
         logging_steps=1,
@@ -42,7 +42,7 @@ def main():
         disable_tqdm=True,
         seed=0,
     )
-    t = MADPOIterTrainer(agent_model=tiny_model_path(), reward_func=reward, args=args, train_dataset=items)
+    t = MADPOIterTrainer(model=tiny_model_path(), reward_funcs=reward, args=args, train_dataset=items)
     t.train()  # the round's collection prepares the copy and samples it
     live = [full_state_dict(a) for a in t.team.agents]  # gathered (collective)
     t.comparator.prepare(t, 2)  # refresh after the update: the copy follows the trained weights

@@ -39,7 +39,7 @@ def main():
         output_dir=os.path.join(out, "run"),
         num_agents=2,
         num_generations=2,
-        max_new_tokens=4,
+        max_completion_length=4,
         rollout_buffer_size=2,
         reward_learning_rate=1e-3,
         reward_num_train_epochs=epochs,
@@ -50,8 +50,8 @@ def main():
         seed=0,
     )
     trainer = MARLHFTrainer(
-        agent_model=tiny_model_path(),
-        reward_func=lambda a, b: [0.0] * len(a),
+        model=tiny_model_path(),
+        reward_funcs=lambda a, b: [0.0] * len(a),
         args=args,
         train_dataset=[{"prompt": "p"}] * 4,
         preference_pairs=pairs,

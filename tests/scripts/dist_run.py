@@ -82,7 +82,7 @@ def run_equiv(which, out):
     items = Dataset.from_list([{"prompt": f"Item {i}: say something about {w}."} for i, w in enumerate(WORDS)])
     common = dict(
         output_dir=out,
-        max_new_tokens=6,
+        max_completion_length=6,
         learning_rate=1e-3,
         logging_steps=1,
         save_strategy="no",
@@ -96,7 +96,7 @@ def run_equiv(which, out):
         # sharding, not the clipping policy
         max_grad_norm=0.0,
     )
-    team = {"agent_model": tiny_model_path(), "reward_func": reward, "train_dataset": items}
+    team = {"model": tiny_model_path(), "reward_funcs": reward, "train_dataset": items}
     torch.manual_seed(0)  # the random initial weights (LoRA, value heads) as in the single-process run
     if which == "magrpo":
         trainer = MAGRPOTrainer(args=MAGRPOConfig(num_generations=3, reference_kl_enabled=True, **common), **team)
@@ -151,7 +151,7 @@ def run_rss(out, reference_kl=False, max_steps=3):
         output_dir=out,
         num_generations=2,
         rollout_buffer_size=2,
-        max_new_tokens=16,
+        max_completion_length=16,
         max_steps=max_steps,
         seed=0,
         learning_rate=1e-3,
@@ -185,7 +185,7 @@ def run_rss(out, reference_kl=False, max_steps=3):
             steps.append(time.perf_counter() - self.t0)
             phase("step")
 
-    trainer = MAGRPOTrainer(agent_model=path, reward_func=reward, args=args, train_dataset=items, callbacks=[Timer()])
+    trainer = MAGRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=items, callbacks=[Timer()])
     built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak while loading and building
     phase("built")
     rollout_step = trainer._rollout_step
@@ -334,7 +334,7 @@ def run(which, out, hetero):
     )
     common = dict(
         output_dir=out,
-        max_new_tokens=6,
+        max_completion_length=6,
         learning_rate=1e-3,
         logging_steps=1,
         save_strategy="no",
@@ -343,26 +343,26 @@ def run(which, out, hetero):
         seed=0,
         eval_num_samples=4,
     )
-    team = {"agent_model": tiny_model_path()}
+    team = {"model": tiny_model_path()}
     if hetero:
         from transformers import AutoTokenizer
 
         paths = [tiny_model_path(), tiny_model_path(architecture="qwen2", num_key_value_heads=2, seed=1)]
-        team = {"agents": paths, "tokenizer": [AutoTokenizer.from_pretrained(p) for p in paths]}
+        team = {"model": paths, "processing_class": [AutoTokenizer.from_pretrained(p) for p in paths]}
     if which == "magrpo":
         args = MAGRPOConfig(
             num_generations=3, rollout_buffer_size=2, max_steps=2, trace_dir=os.path.join(out, "trace"), **common
         )
-        trainer = MAGRPOTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+        trainer = MAGRPOTrainer(reward_funcs=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     elif which == "madpo":
         args = MADPOConfig(
             preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, max_steps=2, **common
         )
-        trainer = MADPOTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+        trainer = MADPOTrainer(reward_funcs=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     elif which == "maac":
         args = MAACConfig(rollout_buffer_size=2, max_steps=2, **common)
         trainer = MAACTrainer(
-            reward_func=reward,
+            reward_funcs=reward,
             args=args,
             train_dataset=items,
             eval_dataset=items,
@@ -371,11 +371,11 @@ def run(which, out, hetero):
         )
     elif which == "iac":
         args = IACConfig(rollout_buffer_size=2, max_steps=2, **common)
-        trainer = IACTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+        trainer = IACTrainer(reward_funcs=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     elif which == "mappo":
         args = MAPPOConfig(rollout_buffer_size=2, train_batch_size=1, ppo_epochs=1, max_steps=2, **common)
         trainer = MAPPOTrainer(
-            reward_func=reward,
+            reward_funcs=reward,
             args=args,
             train_dataset=items,
             eval_dataset=items,
@@ -387,11 +387,11 @@ def run(which, out, hetero):
             preference_num_candidates=3,
             num_generations=2,
             rollout_buffer_size=2,
-            num_iterations=2,
+            num_rounds=2,
             reward_learning_rate=1e-3,
             **common,
         )
-        trainer = MARLHFIterTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+        trainer = MARLHFIterTrainer(reward_funcs=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     elif which == "marlhf":
         args = MARLHFConfig(
             preference_num_candidates=3,
@@ -401,12 +401,12 @@ def run(which, out, hetero):
             reward_learning_rate=1e-3,
             **common,
         )
-        trainer = MARLHFTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+        trainer = MARLHFTrainer(reward_funcs=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     elif which == "madpoiter":
         args = MADPOIterConfig(
-            preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, num_iterations=2, **common
+            preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, num_rounds=2, **common
         )
-        trainer = MADPOIterTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
+        trainer = MADPOIterTrainer(reward_funcs=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     if which in ("marlhf", "marlhfiter"):
         record_reward_model_shards(trainer, out)
     trainer.train()
@@ -497,9 +497,9 @@ def run_uneven(out):
         return [1.0 if rank == 0 else -1.0] * len(c1)
 
     trainer = MAACTrainer(
-        agent_model=tiny,
+        model=tiny,
         critic_model=tiny,
-        reward_func=rank_reward,
+        reward_funcs=rank_reward,
         external_transition=lambda agent_completions: [f"Go on: {c}" for c in agent_completions],
         args=args,
         train_dataset=items,
@@ -595,7 +595,7 @@ def uneven_lora_madpo(out, items, rank):
     )
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     trainer = MADPOTrainer(
-        agent_model=tiny_model_path(), reward_func=reward, args=args, train_dataset=items, peft_config=lora
+        model=tiny_model_path(), reward_funcs=reward, args=args, train_dataset=items, peft_config=lora
     )
     prompts = [["Tell me about rain.", "Tell me about snow."], ["Answer about wind."]]
     torch.manual_seed(1)
@@ -645,7 +645,7 @@ def run_ref_precompute(out):
         disable_tqdm=True,
         seed=0,
     )
-    trainer = MADPOTrainer(agent_model=tiny, reward_func=reward, args=args, train_dataset=items, ref_model=tiny)
+    trainer = MADPOTrainer(model=tiny, reward_funcs=reward, args=args, train_dataset=items, ref_model=tiny)
     pairs = trainer.collect_preference_pairs()[:3]  # the same pairs on every rank
     forwards = []
     forward = trainer._reference_forward

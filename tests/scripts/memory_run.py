@@ -41,7 +41,7 @@ def main():
         output_dir=os.path.dirname(out),
         num_generations=2,
         rollout_buffer_size=2,
-        max_new_tokens=16,
+        max_completion_length=16,
         max_steps=2,
         learning_rate=1e-3,
         save_strategy="no",
@@ -54,7 +54,7 @@ def main():
     prompt_tokens = 16
     before = rss_bytes()
     trainer = MAGRPOTrainer(
-        agent_model=path, reward_func=lambda a, b: [float(len(x)) for x in a], args=args, train_dataset=items
+        model=path, reward_funcs=lambda a, b: [float(len(x)) for x in a], args=args, train_dataset=items
     )
     trainer.train()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -33,9 +33,10 @@ def items():
     return Dataset.from_list([{"prompt": f"Write about topic {i}."} for i in range(8)])
 
 
-def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = True):
+def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = True, num_rounds: int = 3):
     """The trainer of `family`: 2 agents, a linear (non-constant) learning-rate schedule, a checkpoint every step
-    (every round for the iterative trainers), steps that take more than one slice of each rollout."""
+    (every round for the iterative trainers: `num_rounds` of them), steps that take more than one slice of each
+    rollout."""
     from transformers import set_seed
 
     import trl_marl as tm
@@ -47,7 +48,7 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = 
         output_dir=output_dir,
         num_agents=2,
         num_generations=2,
-        max_new_tokens=5,
+        max_completion_length=5,
         learning_rate=1e-3,
         lr_scheduler_type="linear",
         logging_steps=1,
@@ -58,7 +59,7 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = 
         seed=3,
     )
     rl = dict(rollout_buffer_size=4, train_batch_size=2, max_steps=MAX_STEPS.get(family, -1))
-    kw = dict(agent_model=tiny, reward_func=reward, train_dataset=items(), callbacks=callbacks)
+    kw = dict(model=tiny, reward_funcs=reward, train_dataset=items(), callbacks=callbacks)
     if family == "magrpo":
         return tm.MAGRPOTrainer(args=tm.MAGRPOConfig(**common, **rl), **kw)
     if family == "maac":
@@ -76,9 +77,9 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = 
         cfg.rollout_buffer_size, cfg.train_batch_size = 4, 2
         return tm.MARLHFTrainer(args=cfg, **kw)
     if family == "madpoiter":
-        return tm.MADPOIterTrainer(args=tm.MADPOIterConfig(**common, **pref, num_iterations=3), **kw)
+        return tm.MADPOIterTrainer(args=tm.MADPOIterConfig(**common, **pref, num_rounds=num_rounds), **kw)
     if family == "marlhfiter":
-        cfg = tm.MARLHFIterConfig(**common, **pref, num_iterations=3, reward_num_train_epochs=1)
+        cfg = tm.MARLHFIterConfig(**common, **pref, num_rounds=num_rounds, reward_num_train_epochs=1)
         return tm.MARLHFIterTrainer(args=cfg, **kw)
     raise ValueError(f"unknown family {family!r}; one of {FAMILIES}")
 

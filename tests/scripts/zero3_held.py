@@ -39,7 +39,7 @@ def main() -> None:
         output_dir=out,
         num_generations=2,
         rollout_buffer_size=2,
-        max_new_tokens=6,
+        max_completion_length=6,
         max_steps=2,
         seed=0,
         learning_rate=1e-3,
@@ -75,7 +75,7 @@ def main() -> None:
             record["prepared"] = holdings()
 
     trainer = MAGRPOTrainer(
-        agent_model=tiny_model_path(), reward_func=reward, args=args, train_dataset=items, callbacks=[Prepared()]
+        model=tiny_model_path(), reward_funcs=reward, args=args, train_dataset=items, callbacks=[Prepared()]
     )
     for i, agent in enumerate(trainer.team.agents):
         models[f"agent_{i + 1}"] = agent

@@ -57,10 +57,10 @@ def _subtract_subsequence(items: list[str], sub: list[str]) -> list[str]:
 
 def _epilog() -> str:
     from trl_marl.cli.launch import available_configs
-    from trl_marl.cli.recipe_args import BUILTIN_TASKS
+    from trl_marl.tasks import TASKS
 
     return (
-        f"built-in tasks (--task): {', '.join(BUILTIN_TASKS)}\n"
+        f"tasks (--task): {', '.join(TASKS)}\n"
         f"accelerate configs (--accelerate_config): {', '.join(available_configs())}, or a file path\n"
         "every config field is a flag and a --config YAML key; `trl-marl <command> --help` lists them"
     )

@@ -18,6 +18,8 @@ from typing import Any
 
 from trl import ModelConfig, ScriptArguments
 
+from trl_marl.tasks import TASKS, load_task
+
 __all__ = [
     "RecipeArguments",
     "CriticRecipeArguments",
@@ -31,7 +33,6 @@ __all__ = [
     "recipe_formatters",
     "recipe_reward",
     "recipe_model_config",
-    "BUILTIN_TASKS",
     "TINY_DEFAULTS",
 ]
 
@@ -55,9 +56,6 @@ TINY_DEFAULTS: dict[str, Any] = {
 }
 
 
-BUILTIN_TASKS = ("coordination", "length_ratio", "code", "writing")  # trl_marl.tasks.TASKS (kept import-free)
-
-
 @dataclass
 class RecipeArguments(ScriptArguments, ModelConfig):
     """Arguments of a recipe / `trl-marl` command that are not trainer config fields.
@@ -67,7 +65,8 @@ class RecipeArguments(ScriptArguments, ModelConfig):
     `ScriptArguments` (`--dataset_name`, `--dataset_config`, `--dataset_train_split`, `--dataset_test_split`).
 
     Parameters:
-        task: built-in task (`coordination`, `length_ratio`, `code`, `writing`), used when no `dataset_name` is given.
+        task: a registered task (`trl_marl.tasks.TASKS`: the built-in `coordination`, `length_ratio`, `code`,
+            `writing`, and those of installed packages), used when no `dataset_name` is given.
         agent_models: one model id / path per agent, for a heterogeneous team (overrides `model_name_or_path`).
         trust_remote_code: allow custom model code from the Hub when loading the agents.
         tiny_seed: seed of the tiny local model when no model is given.
@@ -87,7 +86,7 @@ class RecipeArguments(ScriptArguments, ModelConfig):
 
     task: str = field(
         default="coordination",
-        metadata={"help": "Built-in task (used when --dataset_name is not given).", "choices": list(BUILTIN_TASKS)},
+        metadata={"help": "Registered task (used when --dataset_name is not given).", "choices": list(TASKS)},
     )
     agent_models: list[str] | None = field(
         default=None, metadata={"help": "One model id/path per agent (heterogeneous team)."}
@@ -403,8 +402,6 @@ def run_recipe(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from trl import get_peft_config
 
-    from trl_marl.tasks import load_task
-
     if recipe_args.dataset_name:
         train, test = load_recipe_dataset(recipe_args)
         task_reward, task_formatters, transition, metrics_cb, data_name = None, None, None, None, None
@@ -413,7 +410,7 @@ def run_recipe(
         if task.num_agents != config.num_agents:
             if "num_agents" in recipe_args.explicit:
                 raise ValueError(
-                    f"--num_agents {config.num_agents} does not fit the built-in task {task.name!r}, which is played "
+                    f"--num_agents {config.num_agents} does not fit the task {task.name!r}, which is played "
                     f"by {task.num_agents} agents (roles: {', '.join(task.roles)}): pass --num_agents "
                     f"{task.num_agents} or leave it out"
                 )

@@ -1,18 +1,19 @@
 """The training commands of `trl-marl` (and of `recipes/*.py`): one `Recipe` per subcommand.
 
-Each recipe names its trainer and config (imported lazily, so `trl-marl --help` is fast), the recipe's own defaults,
-and the defaults of the no-model run on the tiny local model. `run_command(name, argv)` parses the flags with TRL's
+Each recipe is a registered algorithm (`trl_marl.trainers.registry`, which names its trainer and config and imports
+them lazily, so `trl-marl --help` is fast) with the recipe's own defaults and the defaults of the no-model run on the
+tiny local model. `run_command(name, argv)` parses the flags with TRL's
 `TrlParser` (every config field is a flag and a `--config` YAML key) and runs `trl_marl.cli.recipe_args.run_recipe`.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trl_marl.cli.recipe_args import RecipeArguments, critic_source, explicit_flags, parse_recipe_args, run_recipe
+from trl_marl.trainers.registry import algorithms, get_algorithm
 
 __all__ = ["Recipe", "RECIPES", "MAGRPOScriptArguments", "make_parser", "run_command"]
 
@@ -36,12 +37,8 @@ MARLHF_TINY_DEFAULTS = {
 }
 ITER_TINY_DEFAULTS = {"num_rounds": 2, "max_steps": -1}
 
-BASELINE_TRAINERS = {
-    "mean": "MAGRPOTrainer",
-    "raw": "MAREINFORCETrainer",
-    "loo": "MARLOOTrainer",
-    "max": "MAReMaxTrainer",
-}
+# group baseline -> the REINFORCE-family algorithm that computes it (`trl-marl magrpo --baseline`)
+BASELINE_ALGORITHMS = {a.baseline: a.name for a in algorithms() if a.baseline is not None}
 
 
 @dataclass
@@ -51,8 +48,8 @@ class MAGRPOScriptArguments(RecipeArguments):
     baseline: str = field(
         default="mean",
         metadata={
-            "help": "Group baseline: mean (MAGRPO), raw (MAREINFORCE), loo (MARLOO), max (MAReMax).",
-            "choices": list(BASELINE_TRAINERS),
+            "help": "Group baseline: " + ", ".join(f"{b} ({name})" for b, name in BASELINE_ALGORITHMS.items()) + ".",
+            "choices": list(BASELINE_ALGORITHMS),
         },
     )
 
@@ -71,9 +68,8 @@ class Recipe:
     """One training command.
 
     Attributes:
-        name: the subcommand (`trl-marl <name>`) and the default `output_dir` (`outputs/<name>`).
-        trainer: name of the trainer class in `trl_marl`.
-        config: name of its config class in `trl_marl`.
+        name: the registered algorithm (`trl_marl.trainers.registry`) it trains, the subcommand (`trl-marl <name>`)
+            and the default `output_dir` (`outputs/<name>`).
         help: one line for `trl-marl --help`.
         tiny_defaults: defaults of the no-model run on the tiny local model (flags the user sets win).
         script_args: the script-arguments dataclass.
@@ -81,18 +77,16 @@ class Recipe:
     """
 
     name: str
-    trainer: str
-    config: str
     help: str
     tiny_defaults: dict[str, Any] = field(default_factory=dict)
     script_args: type = RecipeArguments
     trainer_kwargs: Callable[[RecipeArguments, Any], dict[str, Any]] | None = None
 
     def config_class(self) -> type:
-        return getattr(importlib.import_module("trl_marl"), self.config)
+        return get_algorithm(self.name).config_class
 
     def trainer_class(self) -> type:
-        return getattr(importlib.import_module("trl_marl"), self.trainer)
+        return get_algorithm(self.name).trainer_class
 
 
 def _marlhf_kwargs(recipe_args: RecipeArguments, config: Any) -> dict[str, Any]:
@@ -107,33 +101,27 @@ def _marlhf_kwargs(recipe_args: RecipeArguments, config: Any) -> dict[str, Any]:
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe("magrpo", "MAGRPOTrainer", "MAGRPOConfig", "MAGRPO (group-mean baseline)", script_args=MAGRPOScriptArguments),
-        Recipe("mareinforce", "MAREINFORCETrainer", "MAREINFORCEConfig", "MAREINFORCE (no baseline)"),
-        Recipe("marloo", "MARLOOTrainer", "MARLOOConfig", "MARLOO (leave-one-out baseline)"),
-        Recipe("maremax", "MAReMaxTrainer", "MAReMaxConfig", "MAReMax (greedy / max baseline)"),
+        Recipe("magrpo", "MAGRPO (group-mean baseline)", script_args=MAGRPOScriptArguments),
+        Recipe("mareinforce", "MAREINFORCE (no baseline)"),
+        Recipe("marloo", "MARLOO (leave-one-out baseline)"),
+        Recipe("maremax", "MAReMax (greedy / max baseline)"),
+        Recipe("maac", "MAAC (one centralized critic)", trainer_kwargs=lambda a, c: _critic_kwargs(a)),
         Recipe(
-            "maac", "MAACTrainer", "MAACConfig", "MAAC (one centralized critic)",
-            trainer_kwargs=lambda a, c: _critic_kwargs(a),
-        ),
-        Recipe(
-            "iac", "IACTrainer", "IACConfig", "IAC (independent critics)",
+            "iac", "IAC (independent critics)",
             trainer_kwargs=lambda a, c: _iac_critic_kwargs(a) if c.use_separate_critic else {},
         ),
+        Recipe("mappo", "MAPPO (clipped PPO, centralized critic)", trainer_kwargs=lambda a, c: _critic_kwargs(a)),
+        Recipe("madpo", "MADPO (multi-agent DPO)", tiny_defaults=MADPO_TINY_DEFAULTS),
         Recipe(
-            "mappo", "MAPPOTrainer", "MAPPOConfig", "MAPPO (clipped PPO, centralized critic)",
-            trainer_kwargs=lambda a, c: _critic_kwargs(a),
-        ),
-        Recipe("madpo", "MADPOTrainer", "MADPOConfig", "MADPO (multi-agent DPO)", tiny_defaults=MADPO_TINY_DEFAULTS),
-        Recipe(
-            "marlhf", "MARLHFTrainer", "MARLHFConfig", "MARLHF (joint reward model, then RL)",
+            "marlhf", "MARLHF (joint reward model, then RL)",
             tiny_defaults=MARLHF_TINY_DEFAULTS, trainer_kwargs=_marlhf_kwargs,
         ),
         Recipe(
-            "madpo-iter", "MADPOIterTrainer", "MADPOIterConfig", "iterative MADPO (rounds, comparator, replay)",
+            "madpo-iter", "iterative MADPO (rounds, comparator, replay)",
             tiny_defaults={**MADPO_TINY_DEFAULTS, "num_train_epochs": 1, **ITER_TINY_DEFAULTS},
         ),
         Recipe(
-            "marlhf-iter", "MARLHFIterTrainer", "MARLHFIterConfig", "iterative MARLHF (rounds, comparator, replay)",
+            "marlhf-iter", "iterative MARLHF (rounds, comparator, replay)",
             tiny_defaults={**MARLHF_TINY_DEFAULTS, **ITER_TINY_DEFAULTS}, trainer_kwargs=_marlhf_kwargs,
         ),
     )
@@ -167,7 +155,7 @@ def run_command(name: str, argv: list[str] | None = None, description: str | Non
     trainer_cls = recipe.trainer_class()
     baseline = getattr(script_args, "baseline", "mean")
     if baseline != "mean":
-        trainer_cls = getattr(importlib.import_module("trl_marl"), BASELINE_TRAINERS[baseline])
+        trainer_cls = get_algorithm(BASELINE_ALGORITHMS[baseline]).trainer_class
         if "advantage_normalization" not in explicit_flags(argv):
             config.advantage_normalization = False  # with it on, every baseline is MAGRPO (see docs/magrpo.md)
     extra = recipe.trainer_kwargs

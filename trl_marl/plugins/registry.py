@@ -1,4 +1,4 @@
-"""Entry-point discovery for the two plugin groups: comparators and replay modes.
+"""Entry-point discovery for the plugin groups: comparators, replay modes and tasks.
 
 A plugin is any object a package registers under one of the groups in its `pyproject.toml`:
 
@@ -7,24 +7,39 @@ A plugin is any object a package registers under one of the groups in its `pypro
 
 trl_marl's own built-ins are registered in exactly the same way, in trl_marl's `pyproject.toml`; there is no
 special path for them. Discovery goes through `importlib.metadata.entry_points(group=...)` on every call (no
-cache: the scan is cheap, and a package installed or put on `sys.path` at run time is seen at once).
+cache: the scan is cheap, and a package installed or put on `sys.path` at run time is seen at once). When
+`trl_marl` is imported from a source checkout, its own entry points are read from that checkout's `pyproject.toml`
+instead of the installed metadata, which may predate the checkout (an editable install made before a group or a
+built-in was added) or belong to another checkout.
 
 Names are exact: no aliases, no case folding.
 """
 
 from __future__ import annotations
 
+import tomllib
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any
 
-__all__ = ["COMPARATOR_GROUP", "REPLAY_GROUP", "GROUPS", "PluginLoadError", "available", "load_plugin"]
+__all__ = [
+    "COMPARATOR_GROUP",
+    "REPLAY_GROUP",
+    "TASK_GROUP",
+    "GROUPS",
+    "PluginLoadError",
+    "available",
+    "load_plugin",
+]
 
 COMPARATOR_GROUP = "trl_marl.comparators"
 REPLAY_GROUP = "trl_marl.replay_modes"
-GROUPS = (COMPARATOR_GROUP, REPLAY_GROUP)
+TASK_GROUP = "trl_marl.tasks"
+GROUPS = (COMPARATOR_GROUP, REPLAY_GROUP, TASK_GROUP)
 
 # What a group's plugins are called in error messages.
-_KIND = {COMPARATOR_GROUP: "comparator", REPLAY_GROUP: "replay mode"}
+_KIND = {COMPARATOR_GROUP: "comparator", REPLAY_GROUP: "replay mode", TASK_GROUP: "task"}
+_DIST = "trl-marl"
 
 
 class PluginLoadError(ImportError):
@@ -36,10 +51,26 @@ def _check_group(group: str) -> None:
         raise ValueError(f"Unknown plugin group {group!r}; trl_marl plugin groups are {list(GROUPS)}")
 
 
+def _source_checkout_entry_points(group: str) -> list[EntryPoint] | None:
+    """trl_marl's own entry points of `group` as declared by the source checkout `trl_marl` is imported from, or
+    None when it is not imported from one (an installed wheel: its metadata is the truth)."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    if project.get("name") != _DIST:
+        return None
+    return [EntryPoint(name, value, group) for name, value in project.get("entry-points", {}).get(group, {}).items()]
+
+
 def _group_entry_points(group: str) -> dict[str, list[EntryPoint]]:
     """All entry points of `group`, by name. Several distributions may register the same name."""
     found: dict[str, list[EntryPoint]] = {}
-    for ep in entry_points(group=group):
+    eps = list(entry_points(group=group))
+    own = _source_checkout_entry_points(group)
+    if own is not None:
+        eps = [ep for ep in eps if _dist_name(ep).replace("_", "-").lower() != _DIST] + own
+    for ep in eps:
         same_name = found.setdefault(ep.name, [])
         if all(other.value != ep.value for other in same_name):  # one package seen twice on sys.path is one plugin
             same_name.append(ep)
@@ -48,7 +79,9 @@ def _group_entry_points(group: str) -> dict[str, list[EntryPoint]]:
 
 def _dist_name(ep: EntryPoint) -> str:
     dist = getattr(ep, "dist", None)
-    return dist.name if dist is not None else "<unknown distribution>"
+    if dist is None:
+        return f"{_DIST} (source checkout)" if ep.value.startswith("trl_marl.") else "<unknown distribution>"
+    return dist.name
 
 
 def available(group: str) -> list[str]:

@@ -5,9 +5,9 @@ the single-model adapter of centralized training (`centralized`). The tree's typ
 from __future__ import annotations
 
 import importlib
-import warnings
 
 from trl_marl.rollout.engine import JOINT_MODES, JointRollout, assign_returns, tree_size
+from trl_marl.utils.deprecation import TrlMarlDeprecationWarning, warn_deprecated
 
 __all__ = ["JOINT_MODES", "JointRollout", "assign_returns", "tree_size"]
 
@@ -18,10 +18,9 @@ _MOVED["formatter_failure"] = "trl_marl.rollout.prompts"
 
 def __getattr__(name: str):
     if name in _MOVED:
-        warnings.warn(
+        warn_deprecated(
             f"trl_marl.rollout.{name} moved to {_MOVED[name]}.{name}; the old path goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
+            TrlMarlDeprecationWarning,
         )
         return getattr(importlib.import_module(_MOVED[name]), name)
     raise AttributeError(f"module 'trl_marl.rollout' has no attribute {name!r}")

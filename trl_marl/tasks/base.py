@@ -1,4 +1,5 @@
-"""What a built-in task is: datasets, one formatter per agent, a joint reward, optionally a multi-turn transition."""
+"""What a task is (built in or registered by another package, see `trl_marl.tasks`): datasets, one formatter per
+agent, a joint reward, optionally a multi-turn transition."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class Task:
     """A cooperative task for a team of `num_agents` agents.
 
     Attributes:
-        name: short name used by the recipes' `--task` flag.
+        name: the task's short name (as registered in the `trl_marl.tasks` entry-point group, the recipes' `--task`).
         num_agents: team size the task is written for.
         train_dataset: `datasets.Dataset` of task items.
         eval_dataset: held-out items (a separate split), or None.

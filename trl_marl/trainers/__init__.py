@@ -1,41 +1,66 @@
-"""Trainers: one `XConfig` + `XTrainer` pair per algorithm, all on `MultiAgentTrainer`."""
+"""Trainers: one `XConfig` + `XTrainer` pair per algorithm, all on `MultiAgentTrainer`; `registry` lists them.
 
-from trl_marl.trainers.actor_critic import (
-    IACConfig,
-    IACTrainer,
-    MAACConfig,
-    MAACTrainer,
-    MAPPOConfig,
-    MAPPOTrainer,
-)
-from trl_marl.trainers.base import MultiAgentTrainer
-from trl_marl.trainers.config import MultiAgentConfig
-from trl_marl.trainers.reinforce import (
-    MAGRPOConfig,
-    MAGRPOTrainer,
-    MAREINFORCEConfig,
-    MAREINFORCETrainer,
-    MAReMaxConfig,
-    MAReMaxTrainer,
-    MARLOOConfig,
-    MARLOOTrainer,
-)
+The names below import on first use, as at the package root, so that `trl_marl.trainers.registry` (which the command
+line reads) loads without torch.
+"""
 
-__all__ = [
-    "MultiAgentConfig",
-    "MultiAgentTrainer",
-    "MAGRPOConfig",
-    "MAGRPOTrainer",
-    "MAREINFORCEConfig",
-    "MAREINFORCETrainer",
-    "MARLOOConfig",
-    "MARLOOTrainer",
-    "MAReMaxConfig",
-    "MAReMaxTrainer",
-    "MAACConfig",
-    "MAACTrainer",
-    "IACConfig",
-    "IACTrainer",
-    "MAPPOConfig",
-    "MAPPOTrainer",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_LAZY = {
+    "MultiAgentConfig": "trl_marl.trainers.config",
+    "MultiAgentTrainer": "trl_marl.trainers.base",
+    "MAGRPOConfig": "trl_marl.trainers.reinforce",
+    "MAGRPOTrainer": "trl_marl.trainers.reinforce",
+    "MAREINFORCEConfig": "trl_marl.trainers.reinforce",
+    "MAREINFORCETrainer": "trl_marl.trainers.reinforce",
+    "MARLOOConfig": "trl_marl.trainers.reinforce",
+    "MARLOOTrainer": "trl_marl.trainers.reinforce",
+    "MAReMaxConfig": "trl_marl.trainers.reinforce",
+    "MAReMaxTrainer": "trl_marl.trainers.reinforce",
+    "MAACConfig": "trl_marl.trainers.actor_critic",
+    "MAACTrainer": "trl_marl.trainers.actor_critic",
+    "IACConfig": "trl_marl.trainers.actor_critic",
+    "IACTrainer": "trl_marl.trainers.actor_critic",
+    "MAPPOConfig": "trl_marl.trainers.actor_critic",
+    "MAPPOTrainer": "trl_marl.trainers.actor_critic",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'trl_marl.trainers' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trl_marl.trainers.actor_critic import (
+        IACConfig,
+        IACTrainer,
+        MAACConfig,
+        MAACTrainer,
+        MAPPOConfig,
+        MAPPOTrainer,
+    )
+    from trl_marl.trainers.base import MultiAgentTrainer
+    from trl_marl.trainers.config import MultiAgentConfig
+    from trl_marl.trainers.reinforce import (
+        MAGRPOConfig,
+        MAGRPOTrainer,
+        MAREINFORCEConfig,
+        MAREINFORCETrainer,
+        MAReMaxConfig,
+        MAReMaxTrainer,
+        MARLOOConfig,
+        MARLOOTrainer,
+    )

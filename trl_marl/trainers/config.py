@@ -18,6 +18,7 @@ from trl.trainer.base_config import _BaseConfig  # noqa: E402
 
 from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
+from trl_marl.utils.deprecation import warn_deprecated  # noqa: E402
 
 __all__ = ["MultiAgentConfig", "PARALLEL_MODES"]
 
@@ -267,7 +268,7 @@ class MultiAgentConfig(_BaseConfig):
                         f"{old}={old_value!r} and {new}={new_value!r} disagree: {old} is a deprecated alias of "
                         f"{new}; set only {new}"
                     )
-                warnings.warn(f"`{old}` is deprecated; use `{new}` (TRL's name)", FutureWarning, stacklevel=4)
+                warn_deprecated(f"`{old}` is deprecated; use `{new}` (TRL's name)", stacklevel=4)
                 setattr(self, new, old_value)
             setattr(self, old, getattr(self, new))
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import warnings
 from typing import Any
+
+from trl_marl.utils.deprecation import warn_deprecated
 
 __all__ = ["TRL_POSITIONAL", "DEPRECATED_KWARGS", "accept_trl_names", "translate_trl_names"]
 
@@ -53,7 +54,7 @@ def translate_trl_names(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
         if old in kwargs and kwargs[old] is not None:
             if kwargs.get(new) is not None:
                 raise TypeError(f"pass {new}= (TRL's name) or its deprecated alias {old}=, not both")
-            warnings.warn(f"`{old}=` is deprecated; use `{new}=` (TRL's name)", FutureWarning, stacklevel=4)
+            warn_deprecated(f"`{old}=` is deprecated; use `{new}=` (TRL's name)", stacklevel=4)
     model = kwargs.pop("model", None)
     if model is not None:
         if isinstance(model, (list, tuple)):

@@ -26,6 +26,7 @@ from trl_marl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MA
 from trl_marl.trainers.names import TRL_POSITIONAL
 from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin, PreferenceConfig
 from trl_marl.trainers.preference.reward_model import JointRewardModel
+from trl_marl.trainers.registry import algorithms
 from trl_marl.trainers.reinforce import MAGRPOTrainer
 
 __all__ = [
@@ -40,9 +41,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# rl_algorithm -> group baseline of the REINFORCE-family backend
-RL_ALGORITHMS = {"magrpo": "mean", "mareinforce": "raw", "marloo": "loo", "maremax": "max", "maac": None, "iac": None}
 ACTOR_CRITIC_BACKENDS = ("maac", "iac")
+# rl_algorithm -> group baseline of the REINFORCE-family backend (the registered algorithms with a baseline,
+# trl_marl.trainers.registry), None for the actor-critic backends
+RL_ALGORITHMS = {
+    **{a.name: a.baseline for a in algorithms() if a.baseline is not None},
+    **dict.fromkeys(ACTOR_CRITIC_BACKENDS),
+}
 
 
 @dataclass
