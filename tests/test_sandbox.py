@@ -1,4 +1,6 @@
-"""trl_marl.sandbox: limits, kills and isolation of untrusted programs (short timeouts; the file runs in ~15 s)."""
+"""trl_marl.tasks.sandbox: limits, kills and isolation of untrusted programs (short timeouts; the file runs in ~20 s).
+
+Attacks on the kernel boundary itself are in tests/test_sandbox_adversary.py."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from trl_marl import sandbox
-from trl_marl.sandbox import (
+from trl_marl.tasks import sandbox
+from trl_marl.tasks.sandbox import launcher
+from trl_marl.tasks.sandbox import (
     CallOutcome,
     SandboxLimits,
     SandboxResult,
@@ -30,6 +33,12 @@ from trl_marl.sandbox import (
 
 FAST = SandboxLimits(timeout_s=2.0)
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox's limits are Linux-specific")
+
+
+def _limits(**kw) -> SandboxLimits:
+    """Limits for `backend`; the weak backends need the explicit `allow_weak_sandbox`."""
+    weak = kw.get("backend", "auto") in ("unshare", "none")
+    return SandboxLimits(allow_weak_sandbox=weak, **kw)
 
 
 def _alive_with(token: str) -> list[int]:
@@ -123,7 +132,7 @@ def test_fork_bomb_is_stopped_by_default():
 )
 @pytest.mark.parametrize("backend", ["auto", "unshare"])
 def test_process_creation_signals_and_ctypes_are_blocked(src, backend):
-    r = run_python(src, SandboxLimits(timeout_s=2.0, backend=backend))
+    r = run_python(src, _limits(timeout_s=2.0, backend=backend))
     assert r.returncode == 1 and "PermissionError" in r.stderr
 
 
@@ -138,7 +147,7 @@ def test_process_creation_signals_and_ctypes_are_blocked(src, backend):
 )
 @pytest.mark.parametrize("backend", ["auto", "unshare"])
 def test_network_is_blocked(src, backend):
-    r = run_python(src, SandboxLimits(timeout_s=2.0, backend=backend))
+    r = run_python(src, _limits(timeout_s=2.0, backend=backend))
     assert not r.ok and not r.timed_out
     assert "PermissionError" in r.stderr or "URLError" in r.stderr
 
@@ -163,7 +172,7 @@ def test_fresh_working_directory_and_write_restriction(tmp_path, backend):
         "print(open('scratch.txt').read())\n"
         f"open({str(outside)!r}, 'w').write('bad')\n"
     )
-    limits = SandboxLimits(timeout_s=2.0, backend=backend)
+    limits = _limits(timeout_s=2.0, backend=backend)
     r = run_python(src, limits)
     cwd, listing, scratch = r.stdout.splitlines()[:3]
     assert listing == "['main.py']" and scratch == "ok"
@@ -185,7 +194,7 @@ def test_whole_process_group_is_killed_on_timeout(backend):
         "print('started', flush=True)\n"
         "time.sleep(60)\n"
     )
-    limits = SandboxLimits(timeout_s=1.5, allow_subprocesses=True, backend=backend)
+    limits = _limits(timeout_s=1.5, allow_subprocesses=True, backend=backend)
     r = run_python(src, limits)
     assert r.timed_out and "started" in r.stdout
     assert _wait_gone(token) == []
@@ -208,8 +217,8 @@ def test_setsid_descendant_dies_with_the_pid_namespace():
 
 
 @linux_only
-@pytest.mark.skipif(os.geteuid() == 0, reason="Linux does not enforce RLIMIT_NPROC for root")
 def test_fork_bomb_with_subprocesses_allowed_is_bounded_by_nproc():
+    """Also for a root trainer: the program runs as a dropped, unprivileged uid, for which Linux enforces the limit."""
     start = time.monotonic()
     src = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     r = run_python(src, SandboxLimits(timeout_s=2.0, allow_subprocesses=True, max_processes=16))
@@ -239,32 +248,44 @@ def test_limits_validation():
 # Backends: bubblewrap (strong), the unshare fallback, and how each is chosen
 
 needs_bwrap = pytest.mark.skipif(
-    shutil.which("bwrap") is None or sandbox._probe("bwrap") is None, reason="bubblewrap does not work here"
+    shutil.which("bwrap") is None or sandbox.strong_sandbox_problem() is not None,
+    reason="bubblewrap does not work here",
 )
 
 
 @linux_only
-def test_backend_env_switch_forces_the_fallback(monkeypatch):
+def test_backend_env_switch_needs_the_explicit_weak_flag(monkeypatch):
     monkeypatch.setenv(sandbox.BACKEND_ENV, "unshare")
     r = run_python("print('hi')", FAST)
+    assert not r.ok and "allow_weak_sandbox=True" in r.error  # an environment variable alone never weakens it
+    r = run_python("print('hi')", SandboxLimits(timeout_s=2.0, allow_weak_sandbox=True))
     assert r.ok and r.backend == "unshare" and "mount" in r.isolation
     monkeypatch.setenv(sandbox.BACKEND_ENV, "chroot")
     r = run_python("print('hi')", FAST)
     assert not r.ok and "TRL_MARL_SANDBOX_BACKEND must be one of" in r.error
     with pytest.raises(ValueError, match="backend must be one of"):
         SandboxLimits(backend="docker")
+    with pytest.raises(ValueError, match="allow_weak_sandbox=True"):
+        SandboxLimits(backend="unshare")
 
 
 @linux_only
-def test_fallback_logs_one_warning_per_process(monkeypatch, caplog):
+def test_without_the_strong_sandbox_runs_refuse_unless_weak_is_allowed(monkeypatch, caplog):
     monkeypatch.delenv(sandbox.BACKEND_ENV, raising=False)
-    monkeypatch.setitem(sandbox._PROBED, "bwrap", None)  # as on a machine without bubblewrap
-    monkeypatch.setattr(sandbox, "_WARNED", set())
-    with caplog.at_level(logging.WARNING, logger="trl_marl.sandbox"):
-        results = run_many(["print(1)", "print(2)", "print(3)"], FAST, max_workers=2)
+    monkeypatch.setitem(launcher._PROBED, "strong", "bubblewrap (`bwrap`) is not installed; " + launcher.INSTALL_HINT)
+    monkeypatch.setattr(launcher, "_WARNED", set())
+    refused = run_python("print(1)", FAST)
+    assert refused.returncode is None and "apt-get install bubblewrap" in refused.error
+    assert "pip install 'trl-marl[code]'" in refused.error
+    session = SandboxSession("def f():\n    return 1\n", "f", FAST)
+    assert not session.alive and "apt-get install bubblewrap" in session.load_error
+    weak = SandboxLimits(timeout_s=2.0, allow_weak_sandbox=True)
+    with caplog.at_level(logging.WARNING, logger="trl_marl.tasks.sandbox"):
+        results = run_many(["print(1)", "print(2)", "print(3)"], weak, max_workers=2)
     assert [r.backend for r in results] == ["unshare"] * 3 and all(r.ok for r in results)
-    warnings = [rec.getMessage() for rec in caplog.records if rec.name == "trl_marl.sandbox"]
-    assert len(warnings) == 1 and "apt-get install bubblewrap" in warnings[0]
+    warnings = [rec.getMessage() for rec in caplog.records if rec.name == "trl_marl.tasks.sandbox"]
+    assert len(warnings) == 1 and "unsafe for reinforcement learning" in warnings[0]
+    assert "apt-get install bubblewrap" in warnings[0]
 
 
 @linux_only
@@ -302,7 +323,7 @@ def test_bubblewrap_view_is_read_only_minimal_and_private():
         "usr",
     }
     assert eval(pids) == ["1", "2"]  # bwrap's init and the program: nothing of the host
-    assert set(eval(env)) <= {*sandbox._child_env("/tmp"), "PWD"}
+    assert set(eval(env)) <= {*launcher._child_env("/tmp"), "PWD"}
     assert exists == "False False False"
     assert site == "[]"
     assert writes == ["OSError"] * 3  # EROFS: read-only view, read-only root
@@ -327,7 +348,7 @@ def test_file_size_and_disk_limits(backend):
         "except OSError as e:\n"
         "    print('disk full after', n)\n"
     )
-    limits = SandboxLimits(timeout_s=5.0, max_file_bytes=1 << 20, max_disk_bytes=4 << 20, backend=backend)
+    limits = _limits(timeout_s=5.0, max_file_bytes=1 << 20, max_disk_bytes=4 << 20, backend=backend)
     r = run_python(src, limits)
     lines = r.stdout.splitlines()
     assert lines[0] == "big 27"  # EFBIG: RLIMIT_FSIZE
@@ -356,7 +377,7 @@ def test_audit_hook_settings_cannot_be_changed(backend):
         "except PermissionError:\n"
         "    print('fork refused')\n"
     )
-    r = run_python(src, SandboxLimits(timeout_s=5.0, backend=backend))
+    r = run_python(src, _limits(timeout_s=5.0, backend=backend))
     assert r.stdout.splitlines() == ["1", "refused", "fork refused"], (r.stdout, r.stderr)
 
 
@@ -436,7 +457,7 @@ def test_stale_directories_are_removed_by_owner_marker_only(tmp_path):
     (stale / "owner.json").write_text(json.dumps({"pid": dead_pid, "start": "1", "uid": os.geteuid()}))
     live = tmp_path / "trl_marl_sandbox_live"
     live.mkdir()
-    me = {"pid": os.getpid(), "start": sandbox._process_start_time(os.getpid()), "uid": os.geteuid()}
+    me = {"pid": os.getpid(), "start": launcher._process_start_time(os.getpid()), "uid": os.geteuid()}
     (live / "owner.json").write_text(json.dumps(me))
     unmarked = tmp_path / "trl_marl_sandbox_unmarked"
     unmarked.mkdir()
@@ -450,6 +471,7 @@ def test_stale_directories_are_removed_by_owner_marker_only(tmp_path):
 @linux_only
 @needs_bwrap
 def test_session_says_why_the_sandbox_did_not_start(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bwrap_filesystem", lambda limits: ["--ro-bind", "/no/such/dir", "/x"])
+    real = launcher._bwrap_args
+    monkeypatch.setattr(launcher, "_bwrap_args", lambda *a: [*real(*a), "--ro-bind", "/no/such/dir", "/x"])
     s = SandboxSession("def f():\n    return 1\n", "f", SandboxLimits(timeout_s=5.0, backend="bwrap"))
     assert not s.alive and s.load_error.startswith("the program exited (status 1): bwrap:")
