@@ -171,7 +171,7 @@ for name, attempt in attempts.items():
         result, err = -1, e.errno
     say("OK" if result == 0 else "refused", name)
 try:
-    open("/usr/trl_marl_probe", "w")
+    open("/usr/" + PROBE, "w")
     say("OK write to /usr")
 except OSError:
     say("refused write to /usr")
@@ -181,11 +181,15 @@ except OSError:
 @pytest.mark.parametrize("guards", GUARDS)
 def test_no_mount_umount_remount_or_new_namespace(guards):
     masks = [m for m in filesystem_view(False).masks][:4]
-    r = run(MOUNTS.replace("MASKS", repr(masks)), guards)
-    lines = r.stdout.splitlines()
-    assert len(lines) == 11 + len(masks), (r.stdout, r.stderr[-2000:])
-    assert [line for line in lines if line.startswith("OK")] == []
-    assert not Path("/usr/trl_marl_probe").exists()
+    probe = Path("/usr", f"trl_marl_probe_{uuid.uuid4().hex[:8]}")
+    try:
+        r = run(MOUNTS.replace("MASKS", repr(masks)).replace("PROBE", repr(probe.name)), guards)
+        lines = r.stdout.splitlines()
+        assert len(lines) == 11 + len(masks), (r.stdout, r.stderr[-2000:])
+        assert [line for line in lines if line.startswith("OK")] == []
+        assert not probe.exists()
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 SYSCALLS_X86_64 = {  # name: (number, arguments, errno expected)
