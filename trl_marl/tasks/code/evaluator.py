@@ -180,11 +180,13 @@ class CodeEvaluator:
 
     def _count(self, stage: str, e: BaseException) -> str:
         """Count a scoring error; its reason "stage/ExceptionType"."""
-        reason = f"{stage}/{type(e).__name__}"
+        logger.debug("scoring a completion failed at %s: %r", stage, e)
+        return self._count_reason(f"{stage}/{type(e).__name__}")
+
+    def _count_reason(self, reason: str) -> str:
         with self._lock:
             self._errors[reason] += 1
             self._errors_since[reason] += 1
-        logger.debug("scoring a completion failed at %s: %r", stage, e)
         return reason
 
     def _failed(self, ev: CodeEvaluation, stage: str, e: BaseException) -> str:
@@ -249,7 +251,10 @@ class CodeEvaluator:
 
     def _extract(self, text: str, name: str, errors: list[str]) -> ExtractedFunction:
         try:
-            return extract_function(text, name)
+            found = extract_function(text, name)
+            for kind in found.parse_errors:  # not a SyntaxError: the parser itself gave up on the text
+                errors.append(self._count_reason(f"parse/{kind}"))
+            return found
         except Exception as e:  # e.g. RecursionError in ast.unparse of a pathologically deep function
             errors.append(self._count("extract", e))
             why = f"{type(e).__name__} while scoring (extract)"

@@ -36,6 +36,8 @@ class ExtractedFunction:
         imports: the candidate's top-level imports (normalised), when defined.
         has_return: the function contains `return <value>` outside nested functions.
         syntax_error: the parse error of the attempted definition (or why the completion could not be processed).
+        parse_errors: the types of the exceptions other than SyntaxError that parsing a candidate raised
+            (RecursionError, MemoryError, ValueError for NUL bytes, UnicodeEncodeError for lone surrogates...).
         node: the function's AST node when defined.
     """
 
@@ -45,6 +47,7 @@ class ExtractedFunction:
     imports: str = ""
     has_return: bool = False
     syntax_error: str | None = None
+    parse_errors: list[str] = field(default_factory=list)
     node: ast.FunctionDef | ast.AsyncFunctionDef | None = field(default=None, repr=False)
 
 
@@ -149,20 +152,26 @@ def extract_function(text: str, name: str) -> ExtractedFunction:
         if isinstance(result, ast.Module):
             fn = _top_def(result, name)
             if fn is not None:
-                return _defined(result, fn, name)
+                return _defined(result, fn, name, _unusual(failed))
             continue
         failed.append((cand, result))
         if attempt is None and defining.search(cand):
             attempt = ExtractedFunction(name=name, code=cand, syntax_error=describe_syntax_error(result))
-    for cand, error in failed:
+    for cand, error in list(failed):
         module = _parse_clean_prefix(cand, error) if defining.search(cand) else None
         fn = _top_def(module, name) if module is not None else None
         if fn is not None:
-            return _defined(module, fn, name)
-    return attempt or ExtractedFunction(name=name)
+            return _defined(module, fn, name, _unusual(failed))
+    found = attempt or ExtractedFunction(name=name)
+    found.parse_errors = _unusual(failed)
+    return found
 
 
-def _defined(module: ast.Module, fn, name: str) -> ExtractedFunction:
+def _unusual(failed: list[tuple[str, Exception]]) -> list[str]:
+    return sorted({type(e).__name__ for _, e in failed if not isinstance(e, SyntaxError)})
+
+
+def _defined(module: ast.Module, fn, name: str, parse_errors: list[str]) -> ExtractedFunction:
     imports = [
         ast.unparse(n)
         for n in module.body
@@ -170,7 +179,13 @@ def _defined(module: ast.Module, fn, name: str) -> ExtractedFunction:
     ]
     code = "\n".join([*imports, "", ast.unparse(fn)] if imports else [ast.unparse(fn)])
     return ExtractedFunction(
-        name=name, defined=True, code=code, imports="\n".join(imports), has_return=_returns_value(fn), node=fn
+        name=name,
+        defined=True,
+        code=code,
+        imports="\n".join(imports),
+        has_return=_returns_value(fn),
+        parse_errors=parse_errors,
+        node=fn,
     )
 
 
