@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from trl_marl.tasks import sandbox
-from trl_marl.tasks.sandbox import launcher
 from trl_marl.tasks.sandbox import (
     CallOutcome,
     SandboxLimits,
@@ -27,6 +26,7 @@ from trl_marl.tasks.sandbox import (
     decode_value,
     encode_value,
     isolation_support,
+    launcher,
     run_many,
     run_python,
 )
@@ -475,3 +475,25 @@ def test_session_says_why_the_sandbox_did_not_start(monkeypatch):
     monkeypatch.setattr(launcher, "_bwrap_args", lambda *a: [*real(*a), "--ro-bind", "/no/such/dir", "/x"])
     s = SandboxSession("def f():\n    return 1\n", "f", SandboxLimits(timeout_s=5.0, backend="bwrap"))
     assert not s.alive and s.load_error.startswith("the program exited (status 1): bwrap:")
+
+
+def test_the_old_module_path_is_a_deprecated_alias():
+    import importlib
+
+    import trl_marl.sandbox as old
+
+    with pytest.warns(DeprecationWarning, match="trl_marl.tasks.sandbox"):
+        importlib.reload(old)
+    assert old.run_python is run_python and old.SandboxLimits is SandboxLimits and old.SandboxSession is SandboxSession
+
+
+def test_limits_name_the_bad_field():
+    for bad, field in (
+        ({"memory_bytes": 0}, "memory_bytes"),
+        ({"max_shm_bytes": -1}, "max_shm_bytes"),
+        ({"cpu_time_s": 0}, "cpu_time_s"),
+        ({"sandbox_uids": range(0, 4)}, "sandbox_uids"),
+        ({"sandbox_uids": range(5, 5)}, "sandbox_uids"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            SandboxLimits(**bad)
