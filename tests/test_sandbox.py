@@ -22,6 +22,7 @@ from trl_marl.tasks.sandbox import (
     SandboxLimits,
     SandboxResult,
     SandboxSession,
+    child,
     cleanup_stale_dirs,
     decode_value,
     encode_value,
@@ -29,6 +30,7 @@ from trl_marl.tasks.sandbox import (
     launcher,
     run_many,
     run_python,
+    weak,
 )
 
 FAST = SandboxLimits(timeout_s=2.0)
@@ -323,7 +325,7 @@ def test_bubblewrap_view_is_read_only_minimal_and_private():
         "usr",
     }
     assert eval(pids) == ["1", "2"]  # bwrap's init and the program: nothing of the host
-    assert set(eval(env)) <= {*launcher._child_env("/tmp"), "PWD"}
+    assert set(eval(env)) <= {*child.child_env("/tmp"), "PWD"}
     assert exists == "False False False"
     assert site == "[]"
     assert writes == ["OSError"] * 3  # EROFS: read-only view, read-only root
@@ -457,7 +459,7 @@ def test_stale_directories_are_removed_by_owner_marker_only(tmp_path):
     (stale / "owner.json").write_text(json.dumps({"pid": dead_pid, "start": "1", "uid": os.geteuid()}))
     live = tmp_path / "trl_marl_sandbox_live"
     live.mkdir()
-    me = {"pid": os.getpid(), "start": launcher._process_start_time(os.getpid()), "uid": os.geteuid()}
+    me = {"pid": os.getpid(), "start": weak._process_start_time(os.getpid()), "uid": os.geteuid()}
     (live / "owner.json").write_text(json.dumps(me))
     unmarked = tmp_path / "trl_marl_sandbox_unmarked"
     unmarked.mkdir()

@@ -1,38 +1,37 @@
-"""Starting, watching and killing sandboxed processes: the bubblewrap command line, the uid drop, the weak backends,
-`run_python` and `run_many`.
+"""Starting, watching and killing sandboxed processes: which backend, the bubblewrap command line, `run_python` and
+`run_many`.
 
 The strong launch, step by step (see the package docstring for why):
 
-1. `fork` (Python's `subprocess`, `preexec_fn` below runs in the child before `exec`):
+1. `fork` (Python's `subprocess`); `child.child_setup` runs in the child before `exec`:
    - when the trainer is root and a bound directory is not reachable by others (e.g. an interpreter under
-     `/root`): a private mount namespace in which those directories are bound under a fresh tmpfs (`staging`),
-     so that the unprivileged bubblewrap can bind them from there; the host's mounts are untouched;
+     `/root`): a private mount namespace in which those directories are bound under a fresh tmpfs ("staging"), so
+     that the unprivileged bubblewrap can bind them from there; the host's mounts are untouched;
    - when the trainer is root: drop to a leased uid/gid with no supplementary groups (`setgroups([])`,
      `setresgid`, `setresuid`), so no capability survives and the user namespace maps to a uid that owns nothing;
    - `PR_SET_NO_NEW_PRIVS`, and `PR_SET_PDEATHSIG` (SIGKILL when the launching thread dies; set after the uid
      change, which would clear it).
 2. `exec bwrap`: new user (every capability dropped, nested user namespaces disabled), mount, PID, IPC, UTS,
    cgroup and network namespaces; the read-only view of `policy.filesystem_view`; a fresh `/proc` (bubblewrap
-   makes `/proc/sys` read-only); a minimal `/dev` (null, zero, full, random, urandom; read-only) with a
-   size-limited `/dev/shm`; a size-limited `/tmp`; the seccomp filter of `policy.seccomp_filter`;
-   `--die-with-parent`, `--new-session`, a cleared environment.
+   keeps `/proc/sys` read-only); a minimal read-only `/dev` (null, zero, full, random, urandom) with a size-limited
+   `/dev/shm`; a size-limited `/tmp`; the seccomp filter of `policy.seccomp_filter`; `--die-with-parent`,
+   `--new-session`, a cleared environment.
 3. bubblewrap execs the interpreter on the bootstrap (`bootstrap`), which sets the rlimits and runs the program.
+
+The weak backends are in `weak`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import selectors
 import shutil
 import signal
-import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -41,6 +40,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .bootstrap import bootstrap_command
+from .child import (
+    STAGE_PARENTS,
+    Launched,
+    child_env,
+    child_setup,
+    config,
+    interpreter,
+    lease_uid,
+    pipes,
+    release_uid,
+)
 from .policy import (
     BACKEND_ENV,
     BACKENDS,
@@ -51,6 +61,7 @@ from .policy import (
     reachable_by_others,
     seccomp_filter,
 )
+from .weak import WEAK_NAMESPACES, cleanup_stale_dirs, launch_weak, probe_weak
 
 __all__ = [
     "Launched",
@@ -66,11 +77,8 @@ __all__ = [
 
 logger = logging.getLogger("trl_marl.tasks.sandbox")
 
-_DIR_PREFIX = "trl_marl_sandbox_"
-_OWNER_FILE = "owner.json"
 _INSIDE_UID = 1000
 _STRONG_NAMESPACES = ("mount", "user", "ipc", "uts", "cgroup", "net", "pid")
-_WEAK_NAMESPACES = {"unshare": ("mount", "net", "pid"), "none": ()}
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`), libseccomp (`apt-get install libseccomp2`) "
     "and the `code` extra (`pip install 'trl-marl[code]'`, which brings `pyseccomp`), on a kernel that allows "
@@ -125,29 +133,6 @@ def _warn_once(key: str, message: str) -> None:
             return
         _WARNED.add(key)
     logger.warning(message)
-
-
-def _probe_weak(backend: str) -> list[str] | None:
-    """The command prefix of a weak backend on this machine, or None when it does not work here (cached)."""
-    with _LOCK:
-        if backend in _PROBED:
-            return _PROBED[backend]
-    prefix: list[str] | None = None
-    if backend == "none":
-        prefix = []
-    elif sys.platform.startswith("linux") and (exe := shutil.which("unshare")):
-        common = ["--mount", "--mount-proc", "--net", "--pid", "--fork", "--kill-child"]
-        for candidate in ([exe, *common], [exe, "--user", "--map-root-user", *common]):
-            try:
-                done = subprocess.run([*candidate, "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
-            except (OSError, subprocess.SubprocessError):
-                continue
-            if done.returncode == 0:
-                prefix = candidate
-                break
-    with _LOCK:
-        _PROBED[backend] = prefix
-    return prefix
 
 
 _PROBE_SOURCE = r"""
@@ -245,7 +230,7 @@ def _resolve(limits: SandboxLimits) -> tuple[str, list[str] | None]:
         if requested == "bwrap" or not limits.allow_weak_sandbox:
             raise SandboxUnavailable(problem)
         for weak in WEAK_BACKENDS:
-            if (prefix := _probe_weak(weak)) is not None:
+            if (prefix := probe_weak(weak)) is not None:
                 _warn_once(
                     "weak",
                     f"trl_marl sandbox: the strong sandbox is not available ({problem}); running model code under "
@@ -253,7 +238,7 @@ def _resolve(limits: SandboxLimits) -> tuple[str, list[str] | None]:
                     f"program that runs native code, so it is unsafe for reinforcement learning; {INSTALL_HINT}.",
                 )
                 return weak, prefix
-    prefix = _probe_weak(requested)
+    prefix = probe_weak(requested)
     if prefix is None:
         raise ValueError(f"the sandbox backend {requested!r} does not work on this machine")
     return requested, prefix
@@ -265,194 +250,12 @@ def isolation_support(backend: str = "auto", allow_weak_sandbox: bool = False) -
     name, prefix = _resolve(SandboxLimits(backend=backend, allow_weak_sandbox=allow_weak_sandbox))
     if prefix is None:
         return name, _STRONG_NAMESPACES
-    kinds = _WEAK_NAMESPACES[name]
+    kinds = WEAK_NAMESPACES[name]
     return name, ("user", *kinds) if "--user" in prefix else kinds
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The uid a root trainer drops to: one per running sandbox of the host, locked across processes with flock.
-
-_LEASED: set[int] = set()
-_LOCK_DIR: list[str | None] = []
-
-
-def _uid_lock_dir() -> str | None:
-    with _LOCK:
-        if _LOCK_DIR:
-            return _LOCK_DIR[0]
-    found = None
-    for parent in ("/run", tempfile.gettempdir()):
-        path = os.path.join(parent, "trl_marl_uid_locks")
-        with contextlib.suppress(OSError):
-            os.mkdir(path, 0o700)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
-            found = path
-            break
-    if found is None:
-        _warn_once(
-            "uid_locks", "trl_marl sandbox: no private lock directory; sandbox uids are unique per process only"
-        )
-    with _LOCK:
-        _LOCK_DIR[:] = [found]
-    return found
-
-
-def _lease_uid(uids: range) -> tuple[int, int | None]:
-    lock_dir = _uid_lock_dir()
-    with _LOCK:
-        for uid in uids:
-            if uid in _LEASED:
-                continue
-            fd = None
-            if lock_dir is not None:
-                try:
-                    fd = os.open(
-                        os.path.join(lock_dir, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-                    )
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    if fd is not None:
-                        os.close(fd)
-                    continue
-            _LEASED.add(uid)
-            return uid, fd
-    raise OSError(f"every sandbox uid of {uids} is in use")
-
-
-def _release_uid(lease: tuple[int, int | None]) -> None:
-    uid, fd = lease
-    with _LOCK:
-        _LEASED.discard(uid)
-    if fd is not None:
-        os.close(fd)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The child's set-up before exec (preexec_fn): libc functions are looked up in the parent, the child only calls.
-
-_LIBC: list[Any] = []
-_CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV = 0x20000, 4096, 16384, 1 << 18, 2, 4
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
-_STAGE_PARENTS = ("/tmp", "/mnt", "/media", "/srv", "/opt", "/var/tmp")
-
-
-def _libc():
-    if not _LIBC:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        _LIBC.append((libc.prctl, libc.unshare, libc.mount))
-    return _LIBC[0]
-
-
-def _child_setup(uid: int | None, stage_root: str | None, staged: Sequence[str], parent_pid: int):
-    """The preexec_fn of a launch (see the module docstring). Reports a failure on the child's stderr and exits
-    126, so that the caller's error names it."""
-    prctl, unshare, mount = _libc()
-    stage = [(s.encode(), f"{stage_root}/{i}".encode()) for i, s in enumerate(staged)] if stage_root else []
-    root = stage_root.encode() if stage_root else b""
-
-    def fail(what: str) -> None:
-        os.write(2, f"trl_marl sandbox launch: {what} failed\n".encode())
-        os._exit(126)
-
-    def setup() -> None:
-        if stage:
-            if unshare(_CLONE_NEWNS) != 0 or mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-                fail("a private mount namespace for staging")
-            if mount(b"tmpfs", root, b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0755,size=65536") != 0:
-                fail("the staging tmpfs")
-            for source, target in stage:
-                os.mkdir(target, 0o755)
-                if mount(source, target, None, _MS_BIND | _MS_REC, None) != 0:
-                    fail(f"staging {source.decode()}")
-        if uid is not None:
-            try:
-                os.setgroups([])
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-            except OSError:
-                fail(f"dropping to uid {uid}")
-        if prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            fail("no_new_privs")
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent_pid:  # the trainer died before the death signal was armed
-            os._exit(126)
-
-    return setup
-
-
-def _weak_child_setup(parent_pid: int):
-    prctl = _libc()[0]
-
-    def setup() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent_pid:
-            os._exit(126)
-
-    return setup
-
-
-# --------------------------------------------------------------------------------------------------------------
 # Launching one sandboxed process.
-
-
-def _child_env(home: str) -> dict[str, str]:
-    return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": home,
-        "TMPDIR": home,
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
-
-
-def _interpreter(limits: SandboxLimits) -> list[str]:
-    if limits.site_packages:
-        return [sys.executable, "-I", "-B"]
-    exe = getattr(sys, "_base_executable", None) or sys.executable
-    return [os.path.realpath(exe), "-I", "-B", "-S"]
-
-
-@dataclass
-class Launched:
-    proc: subprocess.Popen
-    backend: str
-    isolation: tuple[str, ...]
-    host_dir: str | None
-    lease: tuple[int, int | None] | None = None
-
-
-def _config(limits: SandboxLimits, backend: str, isolation, serve, cpu_time_s, proxies) -> dict[str, Any]:
-    return {
-        "cpu_time_s": cpu_time_s,
-        "memory_bytes": limits.memory_bytes,
-        "max_file_bytes": limits.max_file_bytes,
-        "max_open_files": limits.max_open_files,
-        "max_processes": limits.max_processes,
-        "allow_network": limits.allow_network,
-        "allow_subprocesses": limits.allow_subprocesses,
-        "restrict_writes": limits.restrict_writes and backend != "bwrap",
-        "readonly_root": limits.restrict_writes and backend == "unshare",
-        "isolation": list(isolation),
-        "serve": serve,
-        "proxies": list(proxies),
-    }
-
-
-def _pipes(serve: str | None) -> dict[str, Any]:
-    return {
-        "stdin": subprocess.PIPE if serve else subprocess.DEVNULL,
-        "stdout": subprocess.PIPE,
-        "stderr": subprocess.PIPE,  # a session's program writes to /dev/null; only launch errors come here
-    }
 
 
 def _fd_with(data: bytes, name: str) -> int:
@@ -475,7 +278,7 @@ def _bwrap_args(limits: SandboxLimits, stage_root: str | None, staged: Sequence[
     if not limits.allow_network:
         args.append("--unshare-net")
     args.append("--clearenv")
-    for k, v in _child_env("/tmp").items():
+    for k, v in child_env("/tmp").items():
         args += ["--setenv", k, v]
     for source, target in view.binds:
         host = f"{stage_root}/{staged.index(source)}" if stage_root and source in staged else source
@@ -500,10 +303,9 @@ def _bwrap_args(limits: SandboxLimits, stage_root: str | None, staged: Sequence[
 def _launch_strong(
     source: str, limits: SandboxLimits, serve: str | None, cpu_time_s: int, proxies: Sequence[str]
 ) -> Launched:
-    config = _config(limits, "bwrap", _STRONG_NAMESPACES, serve, cpu_time_s, proxies)
     python = bootstrap_command(
-        _interpreter(limits),
-        config,
+        interpreter(limits),
+        config(limits, "bwrap", _STRONG_NAMESPACES, serve, cpu_time_s, proxies),
         block_network=not limits.allow_network,
         block_processes=not limits.allow_subprocesses,
         check_writes=False,
@@ -512,10 +314,10 @@ def _launch_strong(
     root = os.geteuid() == 0
     view = filesystem_view(limits.site_packages)
     staged = [s for s, _ in view.binds if root and not reachable_by_others(s)]
-    stage_root = next((p for p in _STAGE_PARENTS if os.path.isdir(p)), None) if staged else None
+    stage_root = next((p for p in STAGE_PARENTS if os.path.isdir(p)), None) if staged else None
     if staged and stage_root is None:
-        raise OSError(f"no directory to stage {staged} in (looked for {_STAGE_PARENTS})")
-    lease = _lease_uid(limits.sandbox_uids) if root else None
+        raise OSError(f"no directory to stage {staged} in (looked for {STAGE_PARENTS})")
+    lease = lease_uid(limits.sandbox_uids) if root else None
     fds: list[int] = []
     try:
         fds.append(_fd_with(source.encode("utf-8", "surrogatepass"), "trl_marl_main"))
@@ -523,13 +325,13 @@ def _launch_strong(
         cmd = [shutil.which("bwrap") or "bwrap", *_bwrap_args(limits, stage_root, staged)]
         cmd += ["--file", str(fds[0]), "/tmp/main.py", "--remount-ro", "/", "--chdir", "/tmp"]
         cmd += ["--seccomp", str(fds[1]), "--", *python]
-        setup = _child_setup(lease[0] if lease else None, stage_root, staged, os.getpid())
+        setup = child_setup(lease[0] if lease else None, stage_root, staged, os.getpid())
         proc = subprocess.Popen(
-            cmd, env={}, cwd="/", pass_fds=fds, start_new_session=True, preexec_fn=setup, **_pipes(serve)
+            cmd, env={}, cwd="/", pass_fds=fds, start_new_session=True, preexec_fn=setup, **pipes(serve)
         )
     except BaseException:
         if lease is not None:
-            _release_uid(lease)
+            release_uid(lease)
         raise
     finally:
         for fd in fds:
@@ -545,99 +347,7 @@ def launch(
     backend, prefix = _resolve(limits)
     if prefix is None:
         return _launch_strong(source, limits, serve, cpu_time_s, proxies)
-    isolation = _WEAK_NAMESPACES[backend]
-    if "--user" in prefix:
-        isolation = ("user", *isolation)
-    python = bootstrap_command(
-        _interpreter(limits),
-        _config(limits, backend, isolation, serve, cpu_time_s, proxies),
-        block_network=not limits.allow_network,
-        block_processes=not limits.allow_subprocesses,
-        check_writes=limits.restrict_writes,
-    )
-    cleanup_stale_dirs()  # directories a SIGKILLed weak run left behind (once per process)
-    host_dir = _make_owned_dir()
-    try:
-        work = os.path.join(host_dir, "work")
-        with open(os.path.join(work, "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
-            f.write(source)
-        proc = subprocess.Popen(
-            [*prefix, *python],
-            cwd=work,
-            env=_child_env(work),
-            start_new_session=True,
-            preexec_fn=_weak_child_setup(os.getpid()),
-            **_pipes(serve),
-        )
-    except BaseException:
-        shutil.rmtree(host_dir, ignore_errors=True)
-        raise
-    return Launched(proc, backend, isolation, host_dir)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Host temporary directories (weak backends): owner-marked, removed after the run, and, when a SIGKILLed trainer
-# could not remove them, by the next run of the same user.
-
-
-def _process_start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _make_owned_dir() -> str:
-    host_dir = tempfile.mkdtemp(prefix=_DIR_PREFIX)
-    owner = {"pid": os.getpid(), "start": _process_start_time(os.getpid()), "uid": os.geteuid()}
-    with open(os.path.join(host_dir, _OWNER_FILE), "w") as f:
-        json.dump(owner, f)
-    os.mkdir(os.path.join(host_dir, "work"), 0o700)
-    return host_dir
-
-
-_CLEANED: set[str] = set()
-
-
-def cleanup_stale_dirs(root: str | None = None, force: bool = False) -> list[str]:
-    """Remove sandbox directories under `root` (default: the temp dir) whose owner process is gone.
-
-    A directory is removed only if its name starts with `trl_marl_sandbox_`, it is a real directory owned by this
-    user, and its `owner.json` marker names a process (pid and start time) that no longer exists. Runs once per
-    process and root unless `force`. Returns the removed paths.
-    """
-    root = root or tempfile.gettempdir()
-    with _LOCK:
-        if root in _CLEANED and not force:
-            return []
-        _CLEANED.add(root)
-    removed = []
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return []
-    for name in names:
-        if not name.startswith(_DIR_PREFIX):
-            continue
-        path = os.path.join(root, name)
-        try:
-            st = os.lstat(path)
-            if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.geteuid():
-                continue
-            fd = os.open(os.path.join(path, _OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd) as f:
-                owner = json.loads(f.read(4096))
-            pid, start = int(owner["pid"]), owner["start"]
-            if owner.get("uid") != os.geteuid():
-                continue
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if pid == os.getpid() or (_process_start_time(pid) is not None and _process_start_time(pid) == start):
-            continue  # the owner is alive
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
+    return launch_weak(source, limits, backend, prefix, serve, cpu_time_s, proxies)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -697,7 +407,7 @@ def finish(launched: Launched) -> int:
         shutil.rmtree(launched.host_dir, ignore_errors=True)
     if launched.lease is not None:
         lease, launched.lease = launched.lease, None
-        _release_uid(lease)
+        release_uid(lease)
     return returncode
 
 
