@@ -499,3 +499,15 @@ def test_limits_name_the_bad_field():
     ):
         with pytest.raises(ValueError, match=field):
             SandboxLimits(**bad)
+
+
+def test_missing_pyseccomp_names_the_extra(monkeypatch):
+    from trl_marl.tasks.sandbox import SandboxUnavailable, policy
+
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # `import pyseccomp` now raises ImportError
+    policy.seccomp_filter.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match=r"pip install 'trl-marl\[code\]'.*apt-get install libseccomp2"):
+            policy.seccomp_filter(False, False)
+    finally:
+        policy.seccomp_filter.cache_clear()
