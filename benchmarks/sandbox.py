@@ -1,8 +1,9 @@
-"""Wall time of the `code` task's evaluator: the trusted-harness evaluator against the one it replaced.
+"""Wall time of the `code` task's evaluator: the kernel-enforced sandbox (issue 25) against the evaluator it replaced.
 
-The baseline is the evaluator of commit `BASELINE_COMMIT` (the harness and the verdict inside the sandboxed
-process, one `unshare` process per program), loaded from git history into a temporary package, so no dead code
-stays in the library. Both run in this process, in the same run, on two batches of HumanEval joint actions:
+The baseline is the evaluator of commit `BASELINE_COMMIT` (trusted harness in the trainer, one bubblewrap process
+per program, no uid drop, no seccomp, `aux` judged by its shape), loaded from git history into a temporary package,
+so no old code stays in the library. Both run in this process, in the same run, on two batches of HumanEval joint
+actions:
 
 - `hanging`: 64 joint actions, 40 canonical solutions, 8 wrong ones and 16 that loop forever (each costs
   `max_timeouts x test_timeout_s` = 2 x 2 s);
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from _common import RESULTS, ROOT
 
-BASELINE_COMMIT = "981cc18"
+BASELINE_COMMIT = "a203d5c"
 BASELINE_FILES = ("trl_marl/sandbox.py", "trl_marl/tasks/base.py", "trl_marl/tasks/code.py")
 
 
@@ -74,7 +75,6 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
-    from trl_marl.sandbox import isolation_support
     from trl_marl.tasks.code import CodeEvaluator, load_humaneval
 
     work = batches(load_humaneval())
@@ -82,11 +82,8 @@ def main() -> None:
         baseline_cls = load_baseline(Path(tmp))
         configs = {
             f"baseline ({BASELINE_COMMIT})": lambda: baseline_cls(max_workers=args.workers),
-            "trusted harness, bubblewrap": lambda: CodeEvaluator(max_workers=args.workers, backend="bwrap"),
-            "trusted harness, unshare fallback": lambda: CodeEvaluator(max_workers=args.workers, backend="unshare"),
+            "kernel-enforced sandbox": lambda: CodeEvaluator(max_workers=args.workers, backend="bwrap"),
         }
-        if isolation_support("auto")[0] != "bwrap":
-            configs.pop("trusted harness, bubblewrap")
         runs: dict[str, dict[str, list[dict]]] = {b: {c: [] for c in configs} for b in args.only}
         for _ in range(args.passes):
             for batch in args.only:

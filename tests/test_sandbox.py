@@ -293,7 +293,7 @@ def test_without_the_strong_sandbox_runs_refuse_unless_weak_is_allowed(monkeypat
 @linux_only
 @needs_bwrap
 def test_bubblewrap_view_is_read_only_minimal_and_private():
-    version = "python%d.%d" % sys.version_info[:2]
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     candidates = [os.path.join(sys.base_prefix, "lib", version, "site-packages"), "/usr/lib/python3/dist-packages"]
     candidates.append(os.path.join("/usr/local/lib", version, "dist-packages"))
     site_dirs = [d for d in candidates if os.path.isdir(d)]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..sandbox import SandboxLimits, SandboxUnavailable, strong_sandbox_problem
+from ..sandbox import SandboxLimits, SandboxUnavailable, isolation_support
 from .extract import ExtractedFunction, describe_syntax_error, extract_function, is_trivial_wrapper
 from .harness import AUX_NAME, DEFAULT_TRUSTED_MODULES, TestOutcome, TestPass, aux_use, preimport
 from .problem import PreparedProblem, prepare_problem, trusted_problem
@@ -76,32 +76,19 @@ class CodeEvaluation:
         return float(sum(self.breakdown.values()))
 
 
-_WEAK_WARNED: set[str] = set()
-_WEAK_LOCK = threading.Lock()
-
-
-def check_sandbox(backend: str, allow_weak_sandbox: bool) -> None:
-    """Refuse a code task without the strong sandbox unless the weak one is explicitly allowed (then warn once per
-    process: unsafe for reinforcement learning)."""
-    problem = strong_sandbox_problem() if backend in ("auto", "bwrap") else f"backend={backend!r} was requested"
-    if problem is None:
-        return
-    if not allow_weak_sandbox or backend == "bwrap":
+def check_sandbox(backend: str, allow_weak_sandbox: bool) -> str:
+    """The sandbox backend the task's programs will run under; raises `SandboxUnavailable` (naming what is missing
+    and how to install it) when that is not the strong sandbox and the weak one was not explicitly allowed. A weak
+    backend is warned about once per process by the sandbox (unsafe for reinforcement learning)."""
+    try:
+        name, _ = isolation_support(backend, allow_weak_sandbox=allow_weak_sandbox)
+    except (SandboxUnavailable, ValueError) as e:
         raise SandboxUnavailable(
-            f"the code task runs model-written programs and needs the strong sandbox, which cannot run here: "
-            f"{problem}. To run it anyway under a weak sandbox (no kernel boundary against native code; unsafe for "
+            f"the code task runs model-written programs and needs the strong sandbox, which cannot run here: {e}. "
+            "To run it anyway under a weak sandbox (no kernel boundary against native code; unsafe for "
             "reinforcement learning), pass allow_weak_sandbox=True"
-        )
-    with _WEAK_LOCK:
-        if "weak" in _WEAK_WARNED:
-            return
-        _WEAK_WARNED.add("weak")
-    logger.warning(
-        "trl_marl code task: allow_weak_sandbox=True and the strong sandbox is not available (%s): model-written "
-        "programs run WITHOUT a kernel boundary; a program that runs native code can read the trainer's files and "
-        "raise its own reward. Unsafe for reinforcement learning.",
-        problem,
-    )
+        ) from e
+    return name
 
 
 class CodeEvaluator:
@@ -118,7 +105,8 @@ class CodeEvaluator:
         cache_size: evaluations kept (least recently used are dropped).
         backend: the sandbox backend ("auto", "bwrap", "unshare" or "none"; see `trl_marl.tasks.sandbox`).
         allow_weak_sandbox: accept a weak sandbox where the strong one cannot run (unsafe for RL; one warning per
-            process). Without it, construction raises `SandboxUnavailable` naming what is missing.
+            process). Without it, construction raises `SandboxUnavailable` naming what is missing. `self.backend`
+            is the backend the programs will run under.
         trusted_modules: modules the problems' test code may import; imported here, before any program runs.
     """
 
@@ -152,7 +140,7 @@ class CodeEvaluator:
             backend=backend,
             allow_weak_sandbox=allow_weak_sandbox,
         )
-        check_sandbox(backend, allow_weak_sandbox)
+        self.backend = check_sandbox(backend, allow_weak_sandbox)
         self.trusted_modules = preimport([*DEFAULT_TRUSTED_MODULES, *trusted_modules])
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple, CodeEvaluation] = OrderedDict()

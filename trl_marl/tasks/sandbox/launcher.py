@@ -241,6 +241,11 @@ def _resolve(limits: SandboxLimits) -> tuple[str, list[str] | None]:
     prefix = probe_weak(requested)
     if prefix is None:
         raise ValueError(f"the sandbox backend {requested!r} does not work on this machine")
+    _warn_once(
+        "weak",
+        f"trl_marl sandbox: running model code under the weak `{requested}` backend (allow_weak_sandbox=True): it is "
+        "NOT a boundary against a program that runs native code, so it is unsafe for reinforcement learning.",
+    )
     return requested, prefix
 
 

@@ -272,7 +272,10 @@ class SandboxSession:
             return None
         if on_request is None:
             return CallOutcome("error", error=f"NameError: name {request['q'][:100]!r} is not available")
-        return on_request(request["q"], args, kwargs, clock)
+        try:
+            return on_request(request["q"], args, kwargs, clock)
+        except Exception as e:  # the handler's own failure must not leave the program waiting for an answer
+            return CallOutcome("error", error=_bounded(f"RuntimeError: the request failed ({type(e).__name__}: {e})"))
 
     def close(self) -> None:
         """Kill the process (if running) and release everything."""
