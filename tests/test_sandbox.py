@@ -515,3 +515,46 @@ def test_missing_pyseccomp_names_the_extra(monkeypatch):
             policy.seccomp_filter(False, False)
     finally:
         policy.seccomp_filter.cache_clear()
+
+
+def test_decoding_is_bounded_in_depth_and_hash_collisions():
+    from trl_marl.tasks.sandbox.protocol import COLLISION_LIMIT, MAX_DEPTH
+
+    p = 2**61 - 1  # k * p hash alike for every k
+    ok = [k * p for k in range(COLLISION_LIMIT)] + list(range(50_000))
+    assert decode_value(ok) == ok
+    start = time.monotonic()
+    for bad in (
+        [k * p for k in range(COLLISION_LIMIT + 1)],
+        {"s": [k * p for k in range(40_000)]},
+        {"d": [[{"t": [0, k * p]}, 0] for k in range(20_000)]},
+        [[{"t": [k * p]}] for k in range(20_000)],
+    ):
+        with pytest.raises(ValueError, match="share one hash"):
+            decode_value(json.loads(json.dumps(bad)))
+    assert time.monotonic() - start < 2.0
+    deep: list = []
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested deeper"):
+        decode_value(deep)
+
+
+def test_a_session_calls_back_into_the_caller_through_proxies():
+    src = "def f(x):\n    return helper(x, y=2) + 1\n\ndef g():\n    return helper()\n"
+    seen = []
+
+    def handler(name, args, kwargs, clock):
+        seen.append((name, args, kwargs))
+        if not args:
+            raise KeyError("boom")  # a failing handler answers an error; the program goes on
+        clock.extend(0.5)
+        return CallOutcome("value", args[0] * 10 + kwargs["y"])
+
+    with SandboxSession(src, "f", FAST, proxies=["helper"]) as s:
+        assert s.call([3], on_request=handler) == CallOutcome("value", 33)
+        assert seen == [("helper", [3], {"y": 2})]
+        assert s.call([3]).error == "NameError: name 'helper' is not available"  # no handler
+    with SandboxSession(src, "g", FAST, proxies=["helper"]) as s:
+        out = s.call([], on_request=handler)
+        assert out.status == "error" and "the request failed (KeyError" in out.error
