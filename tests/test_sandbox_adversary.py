@@ -454,3 +454,53 @@ def test_memory_tmpfs_and_shm_limits_hold_for_native_code(guards):
     assert held["mmap 512 MiB"] == 0, held  # RLIMIT_AS
     assert held["/tmp"] <= 8 and held["/dev/shm"] <= 4 and held["/dev"] == 0, held
     assert held["memfd files"] == 0 and held["sysv shm"] == 0, held  # memory RLIMIT_AS would not count
+
+
+# --------------------------------------------------------------------------------------------------------------
+# No privilege inside
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return {k: v.strip() for k, v in (line.split(":", 1) for line in f if ":" in line)}
+
+
+def _tree(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+def test_the_program_never_runs_as_root_nor_shares_a_uid_with_another_sandbox():
+    """Seen from the host: every process of a run has a non-root uid with no supplementary groups and no
+    capabilities; for a root trainer, a uid of `sandbox_uids`, a different one for each running sandbox."""
+    from trl_marl.tasks.sandbox import DEFAULT_SANDBOX_UIDS, SandboxSession
+
+    sessions = [SandboxSession("def f():\n    return 1\n", "f", SandboxLimits(timeout_s=10.0)) for _ in range(2)]
+    try:
+        assert all(s.load_error is None for s in sessions)
+        host_uids = []
+        for s in sessions:
+            tree = _tree(s._launched.proc.pid)
+            assert len(tree) >= 3  # bubblewrap, its init in the PID namespace, the program
+            statuses = [_status(pid) for pid in tree]
+            uids = {int(x) for st in statuses for x in st["Uid"].split()}
+            assert 0 not in uids and len(uids) == 1, [st["Uid"] for st in statuses]
+            assert all(st["Groups"] == "" for st in statuses) or os.geteuid() != 0
+            assert int(statuses[-1]["CapEff"], 16) == 0 and int(statuses[-1]["CapBnd"], 16) == 0
+            assert statuses[-1]["NoNewPrivs"] == "1" and statuses[-1]["Seccomp"] == "2"
+            host_uids.append(uids.pop())
+        if os.geteuid() == 0:
+            assert all(u in DEFAULT_SANDBOX_UIDS for u in host_uids) and len(set(host_uids)) == 2, host_uids
+        else:
+            assert host_uids == [os.getuid()] * 2
+    finally:
+        for s in sessions:
+            s.close()
