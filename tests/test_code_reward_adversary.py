@@ -272,9 +272,9 @@ def test_random_in_the_tests_is_built_in_memory(monkeypatch):
     def no_disk(*a, **k):
         raise AssertionError("the harness looked a module up on disk while programs run")
 
-    monkeypatch.setattr(importlib.util, "find_spec", no_disk)
     test = "import random\n\ndef check(candidate):\n    xs = [random.randint(0, 9) for _ in range(3)]\n"
     test += "    assert candidate(xs) == sum(x * x for x in xs)\n"
     evaluator = CodeEvaluator(test_timeout_s=2.0, timeout_s=6.0, max_workers=1)
+    monkeypatch.setattr(importlib.util, "find_spec", no_disk)  # from here on: while programs run
     [ev] = evaluator.evaluate([AUX], [GOOD], [{**ITEM, "test": test}])
     assert ev.passed == 1, ev.tests
