@@ -7,7 +7,10 @@ actions:
 
 - `hanging`: 64 joint actions, 40 canonical solutions, 8 wrong ones and 16 that loop forever (each costs
   `max_timeouts x test_timeout_s` = 2 x 2 s);
-- `canonical`: 64 canonical solutions.
+- `canonical`: 64 canonical solutions;
+- `aux`: 64 canonical solutions written by agent 1 as `aux` (the entry point's name renamed), with agent 2's entry
+  point a wrapper that calls it: every test's calls go through the `aux` proxy, and the new evaluator replays the
+  tests once more to judge whether `aux`'s result is used (the baseline judged it from the code's shape).
 
 Defaults of the task (`test_timeout_s=2.0`, `max_timeouts=2`, `timeout_s=10.0`), 2 workers. The configurations run
 interleaved, `--passes` times; each keeps its fastest pass (all passes are in the JSON).
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -61,17 +65,25 @@ def batches(problems: list[dict]) -> dict[str, tuple[list[str], list[str], list[
     def hanging(p: dict) -> str:
         return f"```python\ndef {p['entry_point']}(*args):\n    while True:\n        pass\n```"
 
+    def as_aux(p: dict) -> str:
+        code = re.sub(rf"\b{re.escape(p['entry_point'])}\b", "aux", p["prompt"] + p["canonical_solution"])
+        return f"```python\n{code}\n```"
+
+    def wrapper(p: dict) -> str:
+        return f"```python\ndef {p['entry_point']}(*args):\n    return aux(*args)\n```"
+
     mixed = [hanging(p) if i % 4 == 0 else wrong(p) if i % 8 == 1 else canonical(p) for i, p in enumerate(items)]
     return {
         "hanging": ([aux] * 64, mixed, items),
         "canonical": ([aux] * 64, [canonical(p) for p in items], items),
+        "aux": ([as_aux(p) for p in items], [wrapper(p) for p in items], items),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passes", type=int, default=2)
-    parser.add_argument("--only", nargs="*", choices=["hanging", "canonical"], default=["hanging", "canonical"])
+    parser.add_argument("--only", nargs="*", choices=["hanging", "canonical", "aux"], default=["hanging", "canonical"])
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
@@ -106,7 +118,9 @@ def main() -> None:
         for name, row in rows.items():
             print(f"{batch:9s} {name:38s} best {row['best_wall_s']:7.2f} s  x baseline {row['x_baseline']:.2f}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "sandbox.json"
+    out = RESULTS / (
+        "sandbox.json" if set(args.only) >= {"hanging", "canonical"} else f"sandbox_{'_'.join(args.only)}.json"
+    )
     out.write_text(
         json.dumps({"workers": args.workers, "passes": args.passes, "summary": summary, "runs": runs}, indent=2)
     )

@@ -38,11 +38,11 @@ The joint reward is level-gated (after the reference environment); the maximum i
 
 "Uses `aux`" is judged by behaviour, on the trainer's side of the proxy: agent 1's `aux` must actually be called
 while the tests run (a name agent 2 rebinds, or its own function of that name, never reaches agent 1's), and its
-result must matter: the tests are replayed in fresh processes with `aux`'s results, in the first test in which it
-returned a value, replaced by different values of the same type (0 for a non-zero number, an empty container for a
+result must matter: the tests are replayed in a fresh entry-point process (agent 1's is kept) with `aux`'s
+results, in the first test in which it returned a value, replaced by different values of the same type (0 for a non-zero number, an empty container for a
 non-empty one, the opposite bool...); "uses" means the entry point's outcome in that test changed while everything
 before it repeated exactly; "ignores" (the penalty) means nothing changed. A program whose outcomes before that
-test do not repeat (nondeterministic) gets neither. When agent 1's text attempts `def aux` but does not parse, that
+test do not repeat (a nondeterministic entry point, or an `aux` whose results change between calls) gets neither. When agent 1's text attempts `def aux` but does not parse, that
 text is kept in the program, so level 3 fails: both agents' functions must parse.
 
 Any exception while scoring one completion (a RecursionError or MemoryError on degenerate text, anything) scores

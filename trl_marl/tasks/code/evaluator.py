@@ -280,7 +280,7 @@ class CodeEvaluator:
         ev.breakdown["syntax"] = LEVELS["syntax"]
         return ev, (prepared, main_program, aux_program)
 
-    def _pass(self, prepared: PreparedProblem, main_program: str, aux_program: str | None, perturb_test=None):
+    def _pass(self, prepared: PreparedProblem, main_program: str, aux_program: str | None, **options) -> TestPass:
         return TestPass(
             limits=self.limits,
             test_timeout_s=self.test_timeout_s,
@@ -289,24 +289,31 @@ class CodeEvaluator:
             prepared=prepared,
             main_program=main_program,
             aux_program=aux_program,
-            perturb_test=perturb_test,
+            **options,
         )
 
     def _run(self, ev: CodeEvaluation, prepared: PreparedProblem, main_program: str, aux_program: str | None) -> None:
         """Run the tests (trusted, here) against the program (sandboxed) and score levels 4 to 6."""
+        first = replay = None
         try:
             first = self._pass(prepared, main_program, aux_program)
-            ev.tests, ev.load_error = first.run()
+            ev.tests, ev.load_error = first.run(keep_aux=True)
             ev.backend = first.backend
-            replay = None
             if first.aux_value_tests:
-                replay = self._pass(prepared, main_program, aux_program, perturb_test=first.aux_value_tests[0])
+                kept, first.aux_session = first.aux_session, None
+                replay = self._pass(
+                    prepared, main_program, aux_program, perturb_test=first.aux_value_tests[0], aux_session=kept
+                )
                 replay.run()
             use = aux_use(first, replay)
         except Exception as e:
             why = self._failed(ev, "run", e)
             ev.tests = [TestOutcome(src, "error", why) for src in prepared.tests]
             return
+        finally:
+            for done in (first, replay):
+                if done is not None:
+                    done.close()
         ev.aux_calls, ev.uses_aux, ev.aux_result_ignored = use.calls, use.used, use.ignored
         total = len(ev.tests)
         ev.breakdown["tests"] = LEVELS["tests"] * (ev.passed / total if total else 0.0)

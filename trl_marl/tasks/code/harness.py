@@ -8,10 +8,11 @@ sandboxed process (context, agent 2's imports and `aux`; started on the first ca
 this process sees every real call of agent 1's `aux` while agent 2's function runs; agent 2 can shadow the name
 (its calls then reach nothing of agent 1's) but cannot forge one.
 
-`aux_use` decides whether the entry point USES `aux`'s result: it replays the tests in fresh processes and, in the
-first test in which `aux` returned a value, replaces `aux`'s results by different values of the same type
-(`perturb`); the result is used when the entry point's outcome in that test changes while everything before it
-repeats exactly.
+`aux_use` decides whether the entry point USES `aux`'s result: it replays the tests in a fresh entry-point process
+(agent 1's process is kept: it never sees the entry point's state, and in the perturbed test this process chooses
+the values the entry point receives) and, in the first test in which `aux` returned a value, replaces `aux`'s
+results by different values of the same type (`perturb`); the result is used when the entry point's outcome in that
+test changes while everything before it repeats exactly.
 
 Nothing here executes code from a path the sandbox could write: the test code's imports are served from modules
 imported before any program ran (`trusted_builtins`), and its `random` is a private, seeded instance built in
@@ -242,8 +243,9 @@ class _Call:
 @dataclass
 class TestPass:
     """One run of a problem's tests against the entry point (`main_program`) and, through the proxy, `aux`
-    (`aux_program`, None when agent 1 defined none). With `perturb_test=k`, `aux`'s results are perturbed during
-    test k and the pass stops after it."""
+    (`aux_program`, None when agent 1 defined none; `aux_session`: its process, kept from an earlier pass, else
+    started on the first call). With `perturb_test=k`, `aux`'s results are perturbed during test k and the pass
+    stops after it."""
 
     limits: SandboxLimits
     test_timeout_s: float
@@ -253,6 +255,7 @@ class TestPass:
     main_program: str
     aux_program: str | None
     perturb_test: int | None = None
+    aux_session: SandboxSession | None = None
     calls: list[_Call] = field(default_factory=list)
     aux_calls: int = 0
     aux_value_tests: list[int] = field(default_factory=list)
@@ -263,7 +266,6 @@ class TestPass:
         self.test_deadline: float | None = None  # None: no test statement is running
         self.current: int | None = None
         self.session: SandboxSession | None = None
-        self.aux_session: SandboxSession | None = None
         self.aux_error: str | None = None
         self.timeouts = 0
         self.stop_reason: str | None = None
@@ -286,8 +288,9 @@ class TestPass:
         self.session = session
         return None
 
-    def run(self) -> tuple[list[TestOutcome], str | None]:
-        """(one outcome per test statement, the load error or None)."""
+    def run(self, keep_aux: bool = False) -> tuple[list[TestOutcome], str | None]:
+        """(one outcome per test statement, the load error or None). With `keep_aux`, agent 1's process stays
+        open in `aux_session` for a replay (the caller closes it)."""
         prepared = self.prepared
         try:
             load_error = self._open(min(self.deadline - time.monotonic(), self.test_timeout_s + _STARTUP_S))
@@ -318,15 +321,17 @@ class TestPass:
             except Exception as e:
                 self.stop_reason = self.stop_reason or f"the test code failed ({fmt_exception(e)})"
         finally:
-            self.close()
+            self.close(keep_aux)
         why = _detail(f"not run: {self.stop_reason or 'the tests stopped'}")
         return [self.outcomes.get(k) or TestOutcome(src, "not_run", why) for k, src in enumerate(prepared.tests)], None
 
-    def close(self) -> None:
-        for session in (self.session, self.aux_session):
-            if session is not None:
-                session.close()
-        self.session = self.aux_session = None
+    def close(self, keep_aux: bool = False) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+        if self.aux_session is not None and not (keep_aux and self.aux_session.alive):
+            self.aux_session.close()
+            self.aux_session = None
 
     def candidate(self, *args, **kwargs):
         if self.stop_reason is not None:
