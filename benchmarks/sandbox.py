@@ -16,6 +16,7 @@ Defaults of the task (`test_timeout_s=2.0`, `max_timeouts=2`, `timeout_s=10.0`),
 interleaved, `--passes` times; each keeps its fastest pass (all passes are in the JSON).
 
     python benchmarks/sandbox.py                 # about 4 minutes; writes benchmarks/results/sandbox.json
+    python benchmarks/sandbox.py --only aux      # about 1 minute; writes benchmarks/results/sandbox_aux.json
     python benchmarks/sandbox.py --passes 1 --only canonical
 """
 
