@@ -387,7 +387,7 @@ def run(which, out, hetero):
             preference_num_candidates=3,
             num_generations=2,
             rollout_buffer_size=2,
-            num_iterations=2,
+            num_rounds=2,
             reward_learning_rate=1e-3,
             **common,
         )
@@ -404,7 +404,7 @@ def run(which, out, hetero):
         trainer = MARLHFTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     elif which == "madpoiter":
         args = MADPOIterConfig(
-            preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, num_iterations=2, **common
+            preference_num_candidates=3, rollout_buffer_size=2, train_batch_size=2, num_rounds=2, **common
         )
         trainer = MADPOIterTrainer(reward_func=reward, args=args, train_dataset=items, eval_dataset=items, **team)
     if which in ("marlhf", "marlhfiter"):
@@ -437,7 +437,7 @@ def run(which, out, hetero):
             "num_processes": acc.num_processes,
             "distributed_type": str(acc.distributed_type),
             "global_step": trainer.state.global_step,
-            "completed_rounds": getattr(trainer, "completed_rounds", None),
+            "completed_rounds": trainer.rounds.completed if getattr(trainer, "rounds", None) else None,
             "eval_reward": metrics["eval_reward"],
             "env_step": trainer.state.log_history[0].get("env_step"),
             "num_pairs": len(getattr(trainer, "pairs", None) or []),

@@ -76,9 +76,9 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = 
         cfg.rollout_buffer_size, cfg.train_batch_size = 4, 2
         return tm.MARLHFTrainer(args=cfg, **kw)
     if family == "madpoiter":
-        return tm.MADPOIterTrainer(args=tm.MADPOIterConfig(**common, **pref, num_iterations=3), **kw)
+        return tm.MADPOIterTrainer(args=tm.MADPOIterConfig(**common, **pref, num_rounds=3), **kw)
     if family == "marlhfiter":
-        cfg = tm.MARLHFIterConfig(**common, **pref, num_iterations=3, reward_num_train_epochs=1)
+        cfg = tm.MARLHFIterConfig(**common, **pref, num_rounds=3, reward_num_train_epochs=1)
         return tm.MARLHFIterTrainer(args=cfg, **kw)
     raise ValueError(f"unknown family {family!r}; one of {FAMILIES}")
 

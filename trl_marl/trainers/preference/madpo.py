@@ -205,17 +205,17 @@ class PreferenceCollectionMixin:
         """A training pair from a record (`PreferencePair.to_record()`'s shape, e.g. a round file's entry),
         re-tokenized with each agent's tokenizer as this trainer tokenizes its own samples
         (`PreferencePair.from_record`)."""
-        if not getattr(self, "_chat_known", False) and len(self.train_dataset):
+        if not self._chat_known and len(self.train_dataset):
             # render one item: learns whether each agent's prompts are chat-template text (no special tokens)
             self.rollout_engine.first_prompts(self.train_dataset[0])
             self._chat_known = True
         return PreferencePair.from_record(
             record,
             self.tokenizers,
-            self.args.max_new_tokens,
+            self.args.max_completion_length,
             self.eos_ids,
             self.args.max_prompt_length,
-            chat=list(self._chat_prompts) if getattr(self, "_chat_known", False) else None,
+            chat=list(self._chat_prompts) if self._chat_known else None,
         )
 
     def _accept_pairs(self, pairs: Any) -> list[PreferencePair] | None:
@@ -228,10 +228,12 @@ class PreferenceCollectionMixin:
             p.winner_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.winner_ids)]
             p.loser_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.loser_ids)]
 
-    def _setup_collaboration(self, args, reward_func, formatters, agents, adapter):
-        """Centralized mode: rewrite (args, reward, formatters) for one model writing every role."""
+    def _setup_preference(self, args, reward_func, formatters, agents, adapter):
+        """The preference part's state, set before the models load; in centralized mode, (args, reward, formatters)
+        rewritten for one model writing every role."""
         self.num_roles = args.num_agents
         self._centralized_reward = None
+        self._chat_known = False  # whether `_chat_prompts` is known (`pair_from_record` renders one item first)
         if args.collaboration_mode != "centralized":
             return args, reward_func, formatters
         from trl_marl.rollout.centralized import centralized_setup
@@ -247,7 +249,7 @@ class PreferenceCollectionMixin:
         """No item yielded a non-tied pair: say so in ONE warning (main process) that says what to change, and end
         with no update (`state.global_step` stays 0; the recipes then exit non-zero)."""
         k = self.args.preference_num_candidates
-        centralized = getattr(self, "_centralized_reward", None) is not None
+        centralized = self._centralized_reward is not None
         hint = (
             " With collaboration_mode='centralized' the ONE model must write every role in the tagged format: a "
             "model that does not (a tiny or base model) scores every candidate alike; use an instruction-tuned "
@@ -337,7 +339,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         **kwargs,
     ):
         args = self._checked_args(args)
-        args, reward_func, formatters = self._setup_collaboration(args, reward_func, formatters, agents, adapter)
+        args, reward_func, formatters = self._setup_preference(args, reward_func, formatters, agents, adapter)
         super().__init__(
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
         )
@@ -413,14 +415,21 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         resume_from_checkpoint = self._restore_for_resume(resume_from_checkpoint)  # restores the collected pairs
+        if not self._prepare_pairs():
+            return self._end_without_pairs("there is nothing to learn from")
+        # a true post-update reward, unlike turn_1/reward_mean
+        return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
+
+    def _prepare_pairs(self) -> bool:
+        """Before the training loop: collect the pairs (unless given or restored) and precompute their reference
+        log-probs when asked; False when there is no pair to train on."""
         if self.pairs is None:
             self.pairs = self.collect_preference_pairs()
         if not self.pairs:
-            return self._end_without_pairs("there is nothing to learn from")
+            return False
         if self.args.precompute_ref_log_probs:
             self.precompute_reference_logps(self.pairs)
-        # a true post-update reward, unlike turn_1/reward_mean
-        return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
+        return True
 
     def _extra_resume_state(self) -> dict:
         return {**super()._extra_resume_state(), "pairs": self.pairs}
@@ -576,7 +585,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
 
     def _record_rollout_metrics(self, rollout, mode: str) -> None:
         super()._record_rollout_metrics(rollout, mode)
-        r = getattr(self, "_centralized_reward", None)
+        r = self._centralized_reward
         if r is not None and r.parsed:
             self._metrics[mode]["centralized/parse_failure_rate"].append(r.parse_failures / r.parsed)
             r.parse_failures = r.parsed = 0
