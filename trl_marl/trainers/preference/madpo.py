@@ -6,11 +6,11 @@
     grad_theta_i L = - beta * sigmoid(-beta * Delta) * grad m_i
 
 Each agent's gradient flows through its own margin only; the weight `sigmoid(-beta * Delta)` is the team's. The
-objective is reference-free by default (as specified; the inherited reference-KL fields add no term). TRL's DPO
-pieces: each agent's batch is padded by TRL's `DataCollatorForPreference` and scored in ONE forward over winners
-and losers, `DPOTrainer._compute_loss`'s scheme with TRL's fused LM head (`dpo_forward.py`); `loss_type` takes the
-names and formulas of TRL's `DPOTrainer`, all 15 (`joint_dpo_loss`, applied to the joint response's log-ratios),
-and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's names) turns each
+objective is reference-free by default (as specified; the RL trainers' reward-side `reference_kl_enabled` is
+refused). TRL's DPO pieces: each agent's batch is padded by TRL's `DataCollatorForPreference` and scored in ONE
+forward over winners and losers, `DPOTrainer._compute_loss`'s scheme with TRL's fused LM head (`dpo_forward.py`);
+`loss_type` takes the names and formulas of TRL's `DPOTrainer`, all 15 (`joint_dpo_loss`, applied to the joint
+response's log-ratios), and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's names) turns each
 log-prob into `log pi_i - log pi_ref,i`. Metrics are DPO's: `rewards/chosen`, `rewards/rejected`,
 `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected` (of the joint response). The trainer first
 collects preference pairs from the task items with the initial agents (see `pairs.py`), then runs
@@ -142,6 +142,9 @@ class MADPOConfig(PreferenceConfig):
             or, without one, with the INITIAL agents: the reference is then the starting policy at no memory cost),
             the pairs split over the processes and the values gathered to every process.
             Without it and without `ref_model` the loss is reference-free.
+
+    `reference_kl_enabled` / `reference_devices` (the RL trainers' reward penalty) are refused: MADPO's reference is
+    the DPO reference (`ref_model`, `precompute_ref_log_probs`).
     """
 
     beta: float = field(default=0.1, metadata={"help": "Scale eta of the joint margin (TRL's DPO beta)."})
@@ -186,6 +189,19 @@ class MADPOConfig(PreferenceConfig):
             raise ValueError(f"loss_type 'exo_pair' needs 0 < label_smoothing < 1, got {self.label_smoothing}")
         if self.discopop_tau <= 0:
             raise ValueError(f"discopop_tau must be > 0, got {self.discopop_tau}")
+        # MultiAgentConfig's reward-side KL penalty belongs to the RL trainers: MADPO has no reward to penalise, and
+        # would build a frozen copy of every agent that no loss reads
+        if self.reference_kl_enabled:
+            raise ValueError(
+                f"reference_kl_enabled=True does nothing for {type(self).__name__} (it penalises an RL reward; "
+                "MADPO has none). MADPO's reference is the DPO reference policy: pass ref_model= to the trainer, or "
+                "set precompute_ref_log_probs=True to use the initial agents"
+            )
+        if self.reference_devices is not None:
+            raise ValueError(
+                f"reference_devices places the reference-KL copies, which {type(self).__name__} does not build; "
+                "a DPO reference model (ref_model=) is placed beside its agent"
+            )
 
 
 assert set(PreferenceConfig._allowed_pair_selections) <= set(PAIR_SELECTIONS)

@@ -19,6 +19,7 @@ model on them, then runs `num_train_epochs` of RL over the task items on its sco
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -51,6 +52,18 @@ logger = logging.getLogger(__name__)
 # rl_algorithm -> group baseline of the REINFORCE-family backend
 RL_ALGORITHMS = {"magrpo": "mean", "mareinforce": "raw", "marloo": "loo", "maremax": "max", "maac": None, "iac": None}
 ACTOR_CRITIC_BACKENDS = ("maac", "iac")
+# the actor-critic backends' fields -> the rl_algorithm values that read them
+BACKEND_FIELDS = {
+    "critic_type": ACTOR_CRITIC_BACKENDS,
+    "critic_learning_rate": ACTOR_CRITIC_BACKENDS,
+    "value_loss_coef": ACTOR_CRITIC_BACKENDS,
+    "critic_value_head_hidden_dim": ACTOR_CRITIC_BACKENDS,
+    "critic_devices": ACTOR_CRITIC_BACKENDS,
+    "critic_max_length": ("maac",),
+    "use_separate_critic": ("iac",),
+    "value_clip_range": ("iac",),
+    "value_head_hidden_dim": ("iac",),
+}
 
 
 @dataclass
@@ -158,6 +171,13 @@ class MARLHFConfig(PreferenceConfig):
             raise ValueError(
                 f"reward_gradient_accumulation_steps must be >= 1, got {self.reward_gradient_accumulation_steps}"
             )
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, backends in BACKEND_FIELDS.items():
+            if self.rl_algorithm not in backends and getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is read by rl_algorithm {' or '.join(map(repr, backends))} only; "
+                    f"with rl_algorithm={self.rl_algorithm!r} it does nothing: leave it unset, or choose that backend"
+                )
 
 
 class _MARLHFMixin(PreferenceCollectionMixin):
