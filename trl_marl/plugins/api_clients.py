@@ -526,7 +526,8 @@ class APIClient:
         self._warned_no_key = False
         if config.key_env is not None and not os.environ.get(config.key_env):
             raise ValueError(
-                f"{option_name('key_env')} names the environment variable {config.key_env!r}, which is not set (or empty)"
+                f"{option_name('key_env')} names the environment variable {config.key_env!r}, which is not set "
+                "(or empty)"
             )
 
     def __repr__(self) -> str:

@@ -11,10 +11,11 @@ An iterative config names its comparator (`comparator_policy`) and gives the com
 | `current_copy` | `CurrentCopyComparatorOptions` | those, and `devices` |
 | `model` | `ModelComparatorOptions` | those, `model_name` or `agents`, and `devices` |
 | `history` | `HistoryComparatorOptions` | those, `k` and `devices` |
-| `api` | `APIComparatorOptions` | `generation_mode` and the client's settings (`APIClientConfig`): `url`, `format`, `model`, `key_env`, `timeout`, `max_response_bytes`, `headers`, `extra_body`, `max_n_per_request`, `response_field`, `max_retries`, `backoff_base`, `backoff_max`, `max_concurrency` |
+| `api` | `APIComparatorOptions` | `generation_mode` and the client's settings (`APIClientConfig`: `url`, `format`, ...) |
 
     MADPOIterConfig(comparator_policy="history", comparator_kwargs={"k": 2})
-    MADPOIterConfig(comparator_policy="api", comparator_kwargs=APIComparatorOptions(url=..., format="openai", model=...))
+    options = APIComparatorOptions(url=..., model=..., format="openai")
+    MADPOIterConfig(comparator_policy="api", comparator_kwargs=options)
     --comparator_policy model --comparator_kwargs '{"model_name": "Qwen/Qwen3-0.6B", "devices": ["cuda:1"]}'
 
 An options dataclass given as `comparator_kwargs` is stored as the dict of its fields. A third-party comparator

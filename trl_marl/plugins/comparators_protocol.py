@@ -51,8 +51,8 @@ class Comparator(Protocol):
     c of the comparator is compared with candidate c of the current agents; a centralized comparator parses its joint
     completion back into one string per agent before returning, and puts `None` in the slot of a candidate that
     failed to parse (that index is then not compared; count such failures in a `parse_failures` attribute).
-    Completions are plain text: the trainer re-tokenizes them for the training pass. Failures raise (for example the API comparator's `APIComparatorError`); returning
-    fewer candidates is not a way to signal an error.
+    Completions are plain text: the trainer re-tokenizes them for the training pass. Failures raise (for example the
+    API comparator's `APIComparatorError`); returning fewer candidates is not a way to signal an error.
 
     Optional hooks (called when present, via `getattr`):
 

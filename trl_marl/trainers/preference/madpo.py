@@ -10,8 +10,8 @@ objective is reference-free by default (as specified; the RL trainers' reward-si
 refused). TRL's DPO pieces: each agent's batch is padded by TRL's `DataCollatorForPreference` and scored in ONE
 forward over winners and losers, `DPOTrainer._compute_loss`'s scheme with TRL's fused LM head (`dpo_forward.py`);
 `loss_type` takes the names and formulas of TRL's `DPOTrainer`, all 15 (`joint_dpo_loss`, applied to the joint
-response's log-ratios), and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's names) turns each
-log-prob into `log pi_i - log pi_ref,i`. Metrics are DPO's: `rewards/chosen`, `rewards/rejected`,
+response's log-ratios), and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's
+names) turns each log-prob into `log pi_i - log pi_ref,i`. Metrics are DPO's: `rewards/chosen`, `rewards/rejected`,
 `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected` (of the joint response). The trainer first
 collects preference pairs from the task items with the initial agents (see `pairs.py`), then runs
 `num_train_epochs` over them.

@@ -147,8 +147,8 @@ class RoundDriver:
         return len(t.train_dataset) * per_item
 
     def _round_limit(self) -> int | None:
-        """`max_steps` counts optimizer steps PER ROUND: a round trains at most `max_steps * gradient_accumulation_steps`
-        batches (every round runs; `max_steps <= 0`: no cap)."""
+        """`max_steps` counts optimizer steps PER ROUND: a round trains at most
+        `max_steps * gradient_accumulation_steps` batches (every round runs; `max_steps <= 0`: no cap)."""
         a = self.trainer.args
         user = a.max_steps if self._user_max_steps is None else self._user_max_steps
         return user * a.gradient_accumulation_steps if user is not None and user > 0 else None
