@@ -2,7 +2,7 @@
 
     accelerate launch recipes/madpo_iter.py                             # tiny local model, coordination task, CPU
     accelerate launch recipes/madpo_iter.py --num_rounds 4 --preference_replay_mode nearest_k --preference_replay_k 2
-    accelerate launch recipes/madpo_iter.py --comparator_policy history --comparator_history_k 2
+    accelerate launch recipes/madpo_iter.py --comparator_policy history --comparator_kwargs '{"k": 2}'
     trl-marl madpo-iter --config my_run.yaml                          # the same, as the installed command
 
 Every field of `MADPOIterConfig` is a flag (see docs/iterative.md).

@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -123,7 +122,7 @@ def client_for(server, path, **settings) -> APIClient:
 
 def test_formats_and_chunks():
     assert normalize_format("responses") == normalize_format("codex") == "openai_responses"
-    with pytest.raises(ValueError, match=r"comparator_api_format must be one of .*'anthropic'.* got 'claude'"):
+    with pytest.raises(ValueError, match=r"comparator_kwargs\['format'\] must be one of .*'anthropic'.* got 'claude'"):
         normalize_format("claude")
     assert candidate_chunks("openai", 7, 3) == [3, 3, 1]
     assert candidate_chunks("openai", 6, 3) == [3, 3]
@@ -439,20 +438,26 @@ def test_default_key_env_and_missing_keys(server, monkeypatch, caplog):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"url": "ftp://x"}, "comparator_api_url must be an http"),
-        ({"format": "openai"}, "comparator_api_model is required when comparator_api_format='openai'"),
+        ({"url": "ftp://x"}, r"comparator_kwargs\['url'\] must be an http"),
+        (
+            {"format": "openai"},
+            r"comparator_kwargs\['model'\] is required when comparator_kwargs\['format'\]='openai'",
+        ),
         ({"format": "anthropic", "model": "m", "max_n_per_request": 4}, "always sends one request per candidate"),
-        ({"max_n_per_request": 0}, "comparator_api_max_n_per_request must be >= 1"),
+        ({"max_n_per_request": 0}, r"comparator_kwargs\['max_n_per_request'\] must be >= 1"),
         ({"headers": {"Authorization": "Bearer sk-123"}}, r"carry a secret \(the header 'Authorization'\)"),
-        ({"headers": {"X-API-Key": "sk-123"}}, "carry a secret.*environment variable named by comparator_api_key_env"),
+        (
+            {"headers": {"X-API-Key": "sk-123"}},
+            r"carry a secret.*environment variable named by comparator_kwargs\['key_env'\]",
+        ),
         ({"headers": {"X-Auth-Token": "sk-123"}}, "the header 'X-Auth-Token'"),
         ({"headers": {"Cookie": "session=sk-123"}}, "the header 'Cookie'"),
         ({"url": "http://127.0.0.1:1/x?api-key=sk-123"}, "the URL query parameter 'api-key'"),
         ({"url": "http://user:sk-123@127.0.0.1:1/x"}, "user info"),
         ({"extra_body": {"auth": {"api_key": "sk-123"}}}, "the extra_body field 'auth'"),
         ({"key_env": "sk-live-abc123"}, "must be the NAME of an environment variable"),
-        ({"timeout": 0}, "comparator_api_timeout must be > 0"),
-        ({"max_concurrency": 0}, "comparator_api_max_concurrency must be >= 1"),
+        ({"timeout": 0}, r"comparator_kwargs\['timeout'\] must be > 0"),
+        ({"max_concurrency": 0}, r"comparator_kwargs\['max_concurrency'\] must be >= 1"),
     ],
 )
 def test_config_validation(kwargs, message):
@@ -462,24 +467,19 @@ def test_config_validation(kwargs, message):
     assert "sk-123" not in str(err.value) and "sk-live-abc123" not in str(err.value)
 
 
-def test_config_from_trainer_args():
-    args = SimpleNamespace(
-        comparator_api_url="https://api.example.com/v1/responses",
-        comparator_api_format="codex",
-        comparator_api_model="m",
-        comparator_api_key_env=None,
-        comparator_api_timeout=30.0,
-        comparator_api_headers=None,
-        comparator_api_extra_body={"store": False},
-        comparator_api_max_n_per_request=None,
-        comparator_api_response_field=None,
-    )
-    config = APIClientConfig.from_args(args)
+def test_api_comparator_options_from_comparator_kwargs():
+    """The `api` comparator's options (`comparator_kwargs`): the client's settings plus `generation_mode`; a literal
+    key is refused without being quoted."""
+    from trl_marl.plugins.comparator_options import APIComparatorOptions, build_options
+
+    kwargs = {"url": "https://api.example.com/v1/responses", "format": "codex", "model": "m", "timeout": 30.0}
+    options = build_options(APIComparatorOptions, "api", {**kwargs, "extra_body": {"store": False}})
+    config = options.client_config()
+    assert type(config) is APIClientConfig and options.generation_mode == "decentralized"
     assert config.format == "openai_responses" and config.timeout == 30.0 and config.response_field == "completions"
     assert config.resolved_key_env == "OPENAI_API_KEY" and config.max_retries == 3
-    args.comparator_api_key = "sk-literal"
-    with pytest.raises(ValueError, match="comparator_api_key is not supported") as err:
-        APIClientConfig.from_args(args)
+    with pytest.raises(ValueError, match=r"\['api_key'\] is not an option of the 'api' comparator.*key_env") as err:
+        build_options(APIComparatorOptions, "api", {**kwargs, "api_key": "sk-literal"})
     assert "sk-literal" not in str(err.value)
 
 
@@ -604,5 +604,5 @@ def test_key_is_not_in_any_frame_local(server, key):
 
 
 def test_config_limits_validation():
-    with pytest.raises(ValueError, match="comparator_api_max_response_bytes must be >= 1"):
+    with pytest.raises(ValueError, match=r"comparator_kwargs\['max_response_bytes'\] must be >= 1"):
         APIClientConfig(url="http://127.0.0.1:1/x", max_response_bytes=0)

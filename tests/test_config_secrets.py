@@ -34,17 +34,18 @@ def test_find_and_redact():
 
 
 @pytest.mark.parametrize(
-    "field,value,where",
+    "options,where",
     [
-        ("comparator_api_headers", {"X-Auth-Token": SECRET}, "the header 'X-Auth-Token'"),
-        ("comparator_api_headers", f'{{"Authorization": "Bearer {SECRET}"}}', "the header 'Authorization'"),
-        ("comparator_api_url", f"https://api.example.com/v1?api-key={SECRET}", "the URL query parameter 'api-key'"),
-        ("comparator_api_extra_body", {"api_key": SECRET}, "the extra_body field 'api_key'"),
+        ({"headers": {"X-Auth-Token": SECRET}}, "the header 'X-Auth-Token'"),
+        (f'{{"headers": {{"Authorization": "Bearer {SECRET}"}}}}', "the header 'Authorization'"),
+        ({"url": f"https://api.example.com/v1?api-key={SECRET}"}, "the URL query parameter 'api-key'"),
+        ({"extra_body": {"api_key": SECRET}}, "the extra_body field 'api_key'"),
     ],
 )
-def test_config_refuses_secrets_at_construction(tmp_path, field, value, where):
-    with pytest.raises(ValueError, match="environment variable named by comparator_api_key_env") as err:
-        MADPOIterConfig(output_dir=str(tmp_path), comparator_policy="current", **{field: value})
+def test_config_refuses_secrets_at_construction(tmp_path, options, where):
+    """Whatever the comparator: a secret in `comparator_kwargs` fails the config (a JSON string as well)."""
+    with pytest.raises(ValueError, match=r"environment variable named by comparator_kwargs\['key_env'\]") as err:
+        MADPOIterConfig(output_dir=str(tmp_path), comparator_policy="current", comparator_kwargs=options)
     assert where in str(err.value) and SECRET not in str(err.value)
 
 
@@ -56,9 +57,11 @@ def test_planted_secret_reaches_no_file_log_or_card(tmp_path, tiny_path, caplog,
 
     out = tmp_path / "run"
     t = resume_run.build("madpoiter", str(out), tiny_path, num_rounds=1)
-    t.args.comparator_api_url = f"https://user:{SECRET}@api.example.com/v1?api-key={SECRET}"
-    t.args.comparator_api_headers = {"X-Auth-Token": SECRET}
-    t.args.comparator_api_extra_body = {"api_key": SECRET, "max_tokens": 5}
+    t.args.comparator_kwargs = {
+        "url": f"https://user:{SECRET}@api.example.com/v1?api-key={SECRET}",
+        "headers": {"X-Auth-Token": SECRET},
+        "extra_body": {"api_key": SECRET, "max_tokens": 5},
+    }
     with caplog.at_level(logging.DEBUG):
         t.train()
         t.save_model(str(out))

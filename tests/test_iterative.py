@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 from trl_marl.plugins.comparators import FixedModelComparator, ModelComparator
-from trl_marl.trainers.preference.iterative import read_round_file, write_round_file
 from trl_marl.trainers.preference.pairs import select_aligned_pairs
+from trl_marl.trainers.preference.round_files import read_round_file, write_round_file
 
 
 def iter_args(tmp_path, cls=MADPOIterConfig, **kw):
@@ -80,7 +80,7 @@ def test_round_file_is_written_atomically(tmp_path):
         ({"preference_replay_sample_size": 8}, "preference_replay_sample_size"),
         ({"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5}, "preference_replay_lambda"),
         ({"num_rounds": 0}, "num_rounds must be >= 1"),
-        ({"comparator_history_k": 2}, "comparator_history_k only applies"),
+        ({"comparator_kwargs": {"k": 2}}, r"\['k'\] is not an option of the 'current' comparator; its options are"),
         ({"num_turns": 2}, "needs num_turns=1"),
     ],
 )
@@ -89,21 +89,105 @@ def test_iterative_config_errors(tmp_path, overrides, message):
         iter_args(tmp_path, **overrides)
 
 
-def test_comparator_construction_errors(tmp_path, small_items, tiny_path):
-    with pytest.raises(ValueError, match="needs comparator_model_name or comparator_agents"):
-        MADPOIterTrainer(
-            model="/missing",
-            reward_funcs=letters_reward,
-            train_dataset=small_items,
-            args=iter_args(tmp_path, comparator_policy="model"),
-        )
-    with pytest.raises(ValueError, match="needs comparator_api_url"):
-        MADPOIterTrainer(
-            model="/missing",
-            reward_funcs=letters_reward,
-            train_dataset=small_items,
-            args=iter_args(tmp_path, comparator_policy="api"),
-        )
+@pytest.mark.parametrize(
+    "policy, options, message",
+    [
+        ("model", {}, r"'model' needs comparator_kwargs\['model_name'\].*or comparator_kwargs\['agents'\]"),
+        (
+            "model",
+            {"model_name": "m", "agents": ["a", "b"]},
+            r"model_name'\] or comparator_kwargs\['agents'\], not both",
+        ),
+        ("model", {"agents": ["a"]}, r"comparator_kwargs\['agents'\] has 1 entries but num_agents is 2"),
+        ("api", {}, r"comparator_policy='api' needs comparator_kwargs\['url'\]"),
+        ("api", {"url": "http://127.0.0.1:1/x", "format": "claude"}, r"comparator_kwargs\['format'\] must be one of"),
+        ("history", {"k": 0}, r"comparator_kwargs\['k'\] must be >= 1"),
+        ("current_copy", {"devices": ["cpu"] * 3}, r"comparator_kwargs\['devices'\] has 3 entries; give 1 or"),
+        ("current", {"generation_mode": "joint"}, r"comparator_kwargs\['generation_mode'\] must be one of"),
+        (
+            "current",
+            {"centralized_agent_index": 2},
+            r"comparator_kwargs\['centralized_agent_index'\] must be in \[0, 1\]",
+        ),
+        (
+            "api",
+            {"url": "http://127.0.0.1:1/x", "api_key": "sk-lit"},
+            r"\['api_key'\] is not an option.*keys never go",
+        ),
+    ],
+)
+def test_comparator_options_are_checked_with_the_config(tmp_path, policy, options, message):
+    """Before any model loads: the options of the chosen built-in comparator (its `options_class`)."""
+    with pytest.raises(ValueError, match=message) as err:
+        iter_args(tmp_path, comparator_policy=policy, comparator_kwargs=options)
+    assert "sk-lit" not in str(err.value)
+
+
+ALIAS_CASES = [  # (deprecated field, value, comparator_policy, the other options it needs)
+    ("comparator_generation_mode", "centralized", "current", {}),
+    ("comparator_centralized_agent_index", 1, "current", {}),
+    ("comparator_model_name", "some/model", "model", {}),
+    ("comparator_agents", ["a", "b"], "model", {}),
+    ("comparator_devices", ["cpu"], "current_copy", {}),
+    ("comparator_history_k", 2, "history", {}),
+    ("comparator_api_url", "http://127.0.0.1:1/x", "api", {}),
+    ("comparator_api_format", "openai", "api", {"model": "m"}),
+    ("comparator_api_model", "m", "api", {}),
+    ("comparator_api_key_env", "ACME_KEY", "api", {}),
+    ("comparator_api_timeout", 5.0, "api", {}),
+    ("comparator_api_max_response_bytes", 1000, "api", {}),
+    ("comparator_api_headers", {"X-Trace": "t"}, "api", {}),
+    ("comparator_api_extra_body", {"store": False}, "api", {}),
+    ("comparator_api_max_n_per_request", 2, "api", {}),
+    ("comparator_api_response_field", "data.outputs", "api", {}),
+    ("comparator_api_max_retries", 1, "api", {}),
+    ("comparator_api_retry_backoff", 0.5, "api", {}),
+    ("comparator_api_max_concurrency", 2, "api", {}),
+]
+
+
+@pytest.mark.parametrize("old, value, policy, others", ALIAS_CASES, ids=[c[0] for c in ALIAS_CASES])
+def test_deprecated_comparator_field_moves_into_comparator_kwargs(tmp_path, old, value, policy, others):
+    from trl_marl.trainers.preference.iterative_config import DEPRECATED_COMPARATOR_FIELDS
+
+    key = DEPRECATED_COMPARATOR_FIELDS[old]
+    if policy == "api" and key != "url":
+        others = {"url": "http://127.0.0.1:1/x", **others}
+    with pytest.warns(FutureWarning, match=rf"`{old}` is deprecated; set comparator_kwargs\['{key}'\]"):
+        cfg = iter_args(tmp_path, comparator_policy=policy, comparator_kwargs=others or None, **{old: value})
+    assert cfg.comparator_kwargs == {**others, key: value} and getattr(cfg, old) is None
+
+
+def test_every_deprecated_comparator_field_has_its_case():
+    from trl_marl.trainers.preference.iterative_config import DEPRECATED_COMPARATOR_FIELDS
+
+    assert set(DEPRECATED_COMPARATOR_FIELDS) == {c[0] for c in ALIAS_CASES}
+
+
+def test_a_comparator_option_given_both_ways_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match=r"comparator_history_k and comparator_kwargs\['k'\] are both set"):
+        iter_args(tmp_path, comparator_policy="history", comparator_history_k=2, comparator_kwargs={"k": 3})
+
+
+def test_comparator_kwargs_from_the_command_line_and_as_an_options_dataclass(tmp_path):
+    from trl import TrlParser
+
+    from trl_marl.plugins.comparator_options import APIComparatorOptions
+
+    argv = ["--output_dir", str(tmp_path), "--comparator_policy", "history", "--comparator_kwargs", '{"k": 2}']
+    (cfg,) = TrlParser((MADPOIterConfig,)).parse_args_and_config(argv)
+    assert cfg.comparator_kwargs == {"k": 2}
+    options = APIComparatorOptions(url="http://127.0.0.1:1/x", format="codex", model="m")
+    cfg = iter_args(tmp_path, comparator_policy="api", comparator_kwargs=options)
+    assert cfg.comparator_kwargs["format"] == "openai_responses" and cfg.comparator_kwargs["url"] == options.url
+
+
+def test_num_iterations_is_refused(tmp_path):
+    """`num_iterations` was an alias of `num_rounds`; in TRL it is GRPO's policy updates per generation batch."""
+    with pytest.raises(ValueError, match=r"num_iterations=5 is not an option.*set num_rounds.*GRPO loss family"):
+        iter_args(tmp_path, num_iterations=5)
+    with pytest.raises(ValueError, match="set num_rounds"):
+        iter_args(tmp_path, cls=MARLHFIterConfig, num_iterations=2)
 
 
 # ---------------------------------------------------------------- runs
@@ -114,7 +198,7 @@ def test_madpo_iter_rounds_files_and_records(tmp_path, small_items, tiny_path):
     args = iter_args(tmp_path, preference_replay_dir=str(replay), preference_replay_mode="all_history")
     t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
     t.train()
-    assert t.completed_rounds == 2 and [r["iteration"] for r in t.rounds] == [1, 2]
+    assert t.rounds.completed == 2 and [r["iteration"] for r in t.rounds.stored] == [1, 2]
     first = read_round_file(str(replay / "iteration_0001.json"))
     assert first["iteration"] == 1 and first["num_pairs"] == len(first["pairs"])
     assert all("stale" not in p for p in first["pairs"])  # an earlier run's file is not imported
@@ -158,28 +242,29 @@ class ScriptedComparator(ModelComparator):
 
 
 def test_centralized_comparator_parses_and_drops_malformed(tmp_path):
-    args = iter_args(tmp_path, comparator_generation_mode="centralized")
-    comp = ScriptedComparator(args)
+    comp = ScriptedComparator(iter_args(tmp_path), generation_mode="centralized")
     joint = comp.generate([{"prompt": "p"}], [["a"], ["b"]], 2, trainer=None)
     assert joint == [[["x", "y"], None]] and comp.parse_failures == 1
 
 
 def test_history_comparator_reaches_back_k_rounds(tmp_path, small_items, tiny_path):
-    args = iter_args(tmp_path, comparator_policy="history", comparator_history_k=2, num_rounds=3, learning_rate=5e-2)
+    args = iter_args(
+        tmp_path, comparator_policy="history", comparator_kwargs={"k": 2}, num_rounds=3, learning_rate=5e-2
+    )
     t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
     used = []
-    original = t.comparator.prepare
+    original = t.rounds.comparator.prepare
 
     def spy(trainer, iteration):
         original(trainer, iteration)
-        used.append((iteration, os.path.basename(t.comparator.loaded_from)))
+        used.append((iteration, os.path.basename(t.rounds.comparator.loaded_from)))
 
-    t.comparator.prepare = spy
+    t.rounds.comparator.prepare = spy
     t.train()
     # round 1: initial; round 2: the oldest (initial) while fewer than 2 exist; round 3: the policy after round 1
     assert used == [(1, "iteration_0000"), (2, "iteration_0000"), (3, "iteration_0001")]
-    w0 = load_file(os.path.join(t.policy_snapshots[0], "agent_1", "model.safetensors"))
-    w1 = load_file(os.path.join(t.policy_snapshots[1], "agent_1", "model.safetensors"))
+    w0 = load_file(os.path.join(t.rounds.policy_snapshots[0], "agent_1", "model.safetensors"))
+    w1 = load_file(os.path.join(t.rounds.policy_snapshots[1], "agent_1", "model.safetensors"))
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)  # snapshots differ: training happened in between
 
 
@@ -189,13 +274,13 @@ def test_model_comparator_loads_once(tmp_path, small_items, tiny_path, tiny_qwen
     loads = []
     original = comparators._load_causal_lm
     monkeypatch.setattr(comparators, "_load_causal_lm", lambda src, dev: loads.append(src) or original(src, dev))
-    args = iter_args(tmp_path, comparator_policy="model", comparator_model_name=tiny_qwen_path)
+    args = iter_args(tmp_path, comparator_policy="model", comparator_kwargs={"model_name": tiny_qwen_path})
     t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
-    assert isinstance(t.comparator, FixedModelComparator)
+    assert isinstance(t.rounds.comparator, FixedModelComparator)
     t.train()
     assert loads == [tiny_qwen_path]  # one id for both agents, loaded once for the whole run (two rounds)
-    assert t.comparator._models is None  # released at the end
-    assert t.completed_rounds == 2
+    assert t.rounds.comparator._models is None  # released at the end
+    assert t.rounds.completed == 2
 
 
 def _fake_dist(tmp_path, monkeypatch, entry_points, module_name, source):
@@ -259,8 +344,8 @@ def test_third_party_comparator_and_replay_mode_by_name(tmp_path, monkeypatch, s
         args = iter_args(tmp_path, comparator_policy="echo", preference_replay_mode="newest_half")
         t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
         t.train()
-        assert type(t.comparator).__name__ == "EchoComparator" and t.comparator.calls > 0
-        pairs = read_round_file(t.rounds[0]["path"])["pairs"]
+        assert type(t.rounds.comparator).__name__ == "EchoComparator" and t.rounds.comparator.calls > 0
+        pairs = read_round_file(t.rounds.stored[0]["path"])["pairs"]
         assert any("ok 0" in p["winner_completions"] + p["loser_completions"] for p in pairs)
         trained = [h["iter/train_preference_pairs"] for h in t.state.log_history if "iter/train_preference_pairs" in h]
         assert trained[0] == len(pairs) // 2 + 1
@@ -298,8 +383,7 @@ def test_api_comparator_in_a_run_never_writes_the_key(tmp_path, small_items, tin
             comparator_policy="api",
             num_rounds=1,
             save_strategy="steps",
-            comparator_api_url=f"http://127.0.0.1:{server.server_address[1]}/generate",
-            comparator_api_key_env="ACME_KEY",
+            comparator_kwargs={"url": f"http://127.0.0.1:{server.server_address[1]}/generate", "key_env": "ACME_KEY"},
         )
         t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=small_items)
         t.train()
@@ -346,7 +430,7 @@ def test_kill_after_round_two_and_resume_gives_the_same_round_three(tmp_path, sm
         args=iter_args(tmp_path / "killed", num_rounds=3, **common),
     )
     resumed.train(resume_from_checkpoint=str(ckpt))
-    assert resumed.completed_rounds == 3
+    assert resumed.rounds.completed == 3
     a = read_round_file(str(tmp_path / "full" / "out" / "preference_replay" / "iteration_0003.json"))
     b = read_round_file(str(tmp_path / "killed" / "out" / "preference_replay" / "iteration_0003.json"))
     assert a == b
@@ -390,7 +474,7 @@ def test_marlhf_iter_runs_rounds_with_fresh_reward_models(tmp_path, small_items,
     models = record_reward_models(t)
     t.train()
     assert len(models) == 2 and models[0] is not models[1]
-    assert t.completed_rounds == 2 and t.state.global_step > 0
+    assert t.rounds.completed == 2 and t.state.global_step > 0
     assert "eval_reward" in t.state.log_history[-1]
 
 
@@ -411,7 +495,7 @@ def test_marlhf_iter_improves_over_three_rounds(task_trainer):
         num_train_epochs=3,
     )
     t.train()
-    assert t.completed_rounds == 3
+    assert t.rounds.completed == 3
     after = t.state.log_history[-1]["eval_reward"]
     assert after > before + 0.1, (before, after)
 
@@ -441,7 +525,7 @@ def test_marlhf_iter_with_actor_critic_backends(tmp_path, small_items, tiny_path
     critic = t.team.critics[0]
     before = [p.detach().clone() for p in critic.parameters()]
     t.train()
-    assert t.completed_rounds == 2 and len(models) == 2 and models[0] is not models[1]  # a new reward model each round
+    assert t.rounds.completed == 2 and len(models) == 2 and models[0] is not models[1]  # a new reward model each round
     assert t.team.critics[0] is critic  # the critic carries over and keeps learning
     assert any(not torch.equal(a, b) for a, b in zip(before, critic.parameters()))
     assert "eval_reward" in t.state.log_history[-1]

@@ -26,16 +26,16 @@ def test_marlhf_iter_rounds_start_on_a_rollout_boundary(tmp_path, tiny_path, ga,
 
     def spy_rollout(batch):
         out = rollout_step(batch)
-        made[id(out[0]["rollout"])] = t.completed_rounds
+        made[id(out[0]["rollout"])] = t.rounds.completed
         return out
 
     def spy_loss(model, inputs, *a, **k):
-        used.append((t.completed_rounds, made[id(inputs["rollout"])]))
+        used.append((t.rounds.completed, made[id(inputs["rollout"])]))
         return compute_loss(model, inputs, *a, **k)
 
     t._rollout_step, t.compute_loss = spy_rollout, spy_loss
     t.train()
-    assert t.completed_rounds == 2
+    assert t.rounds.completed == 2
     assert {r for r, _ in used} == {1, 2}
     assert all(now == made_in for now, made_in in used), used
     per_round = [sum(1 for r, _ in used if r == k) for k in (1, 2)]
@@ -47,5 +47,5 @@ def test_max_steps_counts_per_round(tmp_path, tiny_path):
     args = _args(tmp_path, MADPOIterConfig, rollout_buffer_size=2, train_batch_size=2, max_steps=1)
     t = MADPOIterTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=items)
     t.train()
-    assert t.completed_rounds == 2 and t.state.global_step == 2
+    assert t.rounds.completed == 2 and t.state.global_step == 2
     assert t.args.max_steps == 1  # the user's value is left as it was

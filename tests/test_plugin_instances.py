@@ -88,7 +88,7 @@ def test_instances_are_used_as_given(tmp_path, tiny_path):
         comparator=comparator,
         replay_mode=replay,
     )
-    assert t.comparator is comparator and t.replay_mode is replay
+    assert t.rounds.comparator is comparator and t.rounds.replay_mode is replay
     t.train()
     assert comparator.calls >= 1 and replay.calls == 1
 
@@ -102,12 +102,12 @@ def test_names_with_plugin_options(tmp_path, tiny_path, registered_plugins):
         replay_kwargs={"repeat": 4},
     )
     t = MADPOIterTrainer(model=tiny_path, reward_funcs=vowels, args=cfg, train_dataset=ITEMS)
-    assert isinstance(t.comparator, EchoComparator) and t.comparator.text == "xyz"
-    assert isinstance(t.replay_mode, LastRoundTwice) and t.replay_mode.repeat == 4
+    assert isinstance(t.rounds.comparator, EchoComparator) and t.rounds.comparator.text == "xyz"
+    assert isinstance(t.rounds.replay_mode, LastRoundTwice) and t.rounds.replay_mode.repeat == 4
     # the trainer's `comparator=` name wins over the config's
     t2 = MADPOIterTrainer(model=tiny_path, reward_funcs=vowels, args=args(tmp_path), train_dataset=ITEMS,
                           comparator="echo", replay_mode="last_round_twice")  # fmt: skip
-    assert isinstance(t2.comparator, EchoComparator) and t2.comparator.text == "zzz"
+    assert isinstance(t2.rounds.comparator, EchoComparator) and t2.rounds.comparator.text == "zzz"
 
 
 def test_bad_plugin_objects_and_options_fail_early(tmp_path, tiny_path, registered_plugins):
@@ -119,9 +119,10 @@ def test_bad_plugin_objects_and_options_fail_early(tmp_path, tiny_path, register
                          replay_mode=object())  # fmt: skip
     with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
         args(tmp_path, preference_replay_mode="last_round_twice", replay_kwargs={"colour": 1})
+    echo_options = args(tmp_path, comparator_policy="echo", comparator_kwargs={"text": "a"})
     with pytest.raises(ValueError, match="comparator_kwargs configures a comparator built by name"):
-        MADPOIterTrainer(model=tiny_path, reward_funcs=vowels, args=args(tmp_path, comparator_kwargs={"text": "a"}),
-                         train_dataset=ITEMS, comparator=EchoComparator())  # fmt: skip
+        MADPOIterTrainer(model=tiny_path, reward_funcs=vowels, args=echo_options, train_dataset=ITEMS,
+                         comparator=EchoComparator())  # fmt: skip
 
 
 def test_iterative_trainer_takes_trls_positional_order(tmp_path, tiny_path):

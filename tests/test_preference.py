@@ -159,6 +159,38 @@ def test_madpo_config_errors(make_args, overrides, message):
         make_args(MADPOConfig, **overrides)
 
 
+@pytest.mark.parametrize("cls", ["MADPOConfig", "MADPOIterConfig"])
+def test_madpo_refuses_the_rl_reference_kl(make_args, cls):
+    """`reference_kl_enabled` penalises an RL reward, which MADPO has not: it used to build a frozen copy of every
+    agent that no loss read. The error points at MADPO's DPO reference."""
+    import trl_marl
+
+    config = getattr(trl_marl, cls)
+    with pytest.raises(
+        ValueError, match="reference_kl_enabled=True does nothing.*ref_model=.*precompute_ref_log_probs"
+    ):
+        make_args(config, reference_kl_enabled=True)
+    with pytest.raises(ValueError, match="reference_devices places the reference-KL copies.*ref_model="):
+        make_args(config, reference_devices=["cpu"])
+
+
+@pytest.mark.parametrize(
+    "algorithm, field, value",
+    [
+        ("magrpo", "critic_devices", ["cpu"]),
+        ("marloo", "value_loss_coef", 1.0),
+        ("mareinforce", "critic_type", "q"),
+        ("maac", "use_separate_critic", False),
+        ("iac", "critic_max_length", 32),
+    ],
+)
+def test_marlhf_refuses_fields_its_backend_does_not_read(make_args, algorithm, field, value):
+    with pytest.raises(
+        ValueError, match=rf"{field}=.* is read by rl_algorithm .* only; with rl_algorithm='{algorithm}'"
+    ):
+        make_args(MARLHFConfig, rl_algorithm=algorithm, **{field: value})
+
+
 def test_madpo_learns(task_trainer):
     t, before = task_trainer(
         MADPOTrainer,

@@ -12,8 +12,8 @@ from conftest import iterative_args
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-import trl_marl.trainers.preference.iterative as iterative_module
 import trl_marl.trainers.preference.madpo as madpo_module
+import trl_marl.trainers.preference.rounds as rounds_module
 from trl_marl import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer
 from trl_marl.data_types.rng import keyed_rng
 from trl_marl.testing import prompt_seeded_generation
@@ -220,9 +220,9 @@ def test_madpoiter_round_pairs_of_two_processes_equal_one_processs(tmp_path, tin
         comparator=PromptComparator(),
     )
     prompt_seeded_generation(t)
-    single = t._collect_round(1)
+    single = t.rounds.collect(1)
     assert single
-    double, calls = as_ranks(t, iterative_module, monkeypatch, lambda: t._collect_round(1))
+    double, calls = as_ranks(t, rounds_module, monkeypatch, lambda: t.rounds.collect(1))
     assert records(double) == records(single)
     assert calls == [2, 2]
 
@@ -302,7 +302,7 @@ def test_madpoiter_round_precomputes_its_pairs_split_over_processes(tmp_path, ti
     rows: list[int] = []
     forward = t._reference_forward
     t._reference_forward = lambda batch: rows.append(len(batch)) or forward(batch)
-    batches = t._start_round(1)
+    batches = t.rounds.start_round(1)
     assert batches and all(p.ref_chosen_logps is not None for b in batches for p in b)
     n = sum(rows)
     assert n == len({id(p) for b in batches for p in b})  # every pair of the round, once, at its start
@@ -312,7 +312,7 @@ def test_madpoiter_round_precomputes_its_pairs_split_over_processes(tmp_path, ti
     rows.clear()
     t.accelerator = RankView(t.accelerator, 1, 2)
     monkeypatch.setattr(madpo_module, "gather_object", lambda obj: obj)  # this rank's share only
-    t._round_batches(1, pairs)
+    t.round_batches(1, pairs)
     assert sum(rows) == n // 2  # rank 1 of 2: half of the round's pairs
 
 

@@ -8,7 +8,7 @@ from datasets import Dataset
 
 from trl_marl import MADPOConfig, MADPOIterConfig, MADPOIterTrainer, MADPOTrainer, MARLHFConfig, MARLHFTrainer
 from trl_marl.trainers.preference import PreferencePair
-from trl_marl.trainers.preference.iterative import read_round_file
+from trl_marl.trainers.preference.round_files import read_round_file
 
 
 def letters_reward(c1, c2):
@@ -82,9 +82,9 @@ def test_round_files_of_one_run_train_another_both_ways(madpo, make_args, items,
     # an iterative run's round file -> MADPO and MARLHF of another run
     it = madpo(cls=MADPOIterTrainer, cfg=MADPOIterConfig, num_rounds=1, max_steps=-1)
     it.train()
-    rounds = read_round_file(it.rounds[0]["path"])
+    rounds = read_round_file(it.rounds.stored[0]["path"])
     assert rounds["pairs"] and all("winner_eos" in r for r in rounds["pairs"])
-    exact = list(it._current_pairs.values())
+    exact = list(it.rounds._current_pairs.values())
     again = [it.pair_from_record(p.to_record()) for p in exact]
     for a, b in zip(exact, again):
         for i in range(2):  # how each completion ended survives the file: same last token when it had an EOS

@@ -50,7 +50,7 @@ def _rl_rollout_texts(t):
 
     def spy(items):
         out = original(items)
-        seen.setdefault(t.completed_rounds, []).append([s.completion for s in out[0]["rollout"].samples])
+        seen.setdefault(t.rounds.completed, []).append([s.completion for s in out[0]["rollout"].samples])
         return out
 
     t._rollout_step = spy
@@ -82,13 +82,13 @@ def test_comparator_samples_do_not_shift_training_rollouts(tmp_path):
             tmp_path / str(kc),
             MADPOIterConfig,
             comparator_policy="model",
-            comparator_model_name=tiny_model_path(),
+            comparator_kwargs={"model_name": tiny_model_path()},
             comparator_num_candidates=kc,
         )
         t = MADPOIterTrainer(model=tiny_model_path(), reward_funcs=letters_reward, args=args, train_dataset=ITEMS)
-        t._stream_round = 1
-        t.comparator.prepare(t, 1) if hasattr(t.comparator, "prepare") else None
-        t._collect_round(1)  # the agents' candidates, then the comparator's kc samples
+        t.rounds.stream_round = 1
+        t.rounds.comparator.prepare(t, 1) if hasattr(t.rounds.comparator, "prepare") else None
+        t.rounds.collect(1)  # the agents' candidates, then the comparator's kc samples
         with t.rng_streams.scoped("rollout", 1):  # the next training draws
             rollout = t.rollout_engine.run([ITEMS[0], ITEMS[1]], t.generate)
         texts.append([s.completion for s in rollout.samples])

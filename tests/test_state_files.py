@@ -6,7 +6,7 @@ import json
 import pytest
 
 from trl_marl.checkpointing.state_files import CorruptedStateError
-from trl_marl.trainers.preference.iterative import read_round_file, write_round_file
+from trl_marl.trainers.preference.round_files import read_round_file, write_round_file
 
 
 def _record(n=2):
@@ -96,7 +96,7 @@ def test_damaged_iterative_checkpoint_is_named(iterative_checkpoint, tmp_path, d
     shutil.copytree(ckpt, copy)
     damage(copy)
     with pytest.raises(CorruptedStateError, match=message) as err:
-        trainer.load_iterative_state(str(copy))
+        trainer.rounds.load_state(str(copy))
     assert str(copy) in str(err.value) and f"delete {copy} and resume from the checkpoint before it" in str(err.value)
 
 
@@ -105,7 +105,7 @@ def test_missing_iterative_state_says_to_pick_another_checkpoint(iterative_check
     with pytest.raises(
         CorruptedStateError, match="iterative_state.json: the file is missing.*resume_from_checkpoint=True"
     ):
-        trainer.load_iterative_state(str(tmp_path))
+        trainer.rounds.load_state(str(tmp_path))
 
 
 def test_missing_agent_weights_in_a_checkpoint_are_named(iterative_checkpoint, tmp_path):
@@ -133,7 +133,7 @@ def test_iterative_resume_from_checkpoint_true(iterative_checkpoint, tiny_path):
     done, ckpt = iterative_checkpoint
     t = resume_run.build("madpoiter", str(ckpt.parent), tiny_path, num_rounds=1)
     t.train(resume_from_checkpoint=True)
-    assert t._restored_from == str(ckpt) and t.completed_rounds == 1
+    assert t._restored_from == str(ckpt) and t.rounds.completed == 1
     assert t.state.global_step == done.state.global_step
     for a, b in zip(done.team.parameters(), t.team.parameters()):
         assert torch.equal(a, b)

@@ -7,7 +7,7 @@ import torch
 from datasets import Dataset
 from trl.rewards import think_format_reward
 
-from trl_marl import MADPOConfig, MADPOIterConfig, MAGRPOConfig, MAGRPOTrainer
+from trl_marl import MADPOConfig, MAGRPOConfig, MAGRPOTrainer
 from trl_marl.rewards import RewardFunction, lift, team_reward, weighted_sum
 from trl_marl.utils.deprecation import TrlMarlFutureWarning
 
@@ -41,9 +41,6 @@ def test_config_aliases_warn_and_mirror(tmp_path):
     with pytest.warns(TrlMarlFutureWarning, match="`dpo_beta` is deprecated; use `beta`"):
         d = MADPOConfig(output_dir=str(tmp_path), dpo_beta=0.3, report_to="none")
     assert d.beta == 0.3 and d.dpo_beta == 0.3
-    with pytest.warns(TrlMarlFutureWarning, match="`num_iterations` is deprecated; use `num_rounds`"):
-        i = MADPOIterConfig(output_dir=str(tmp_path), num_iterations=5, report_to="none")
-    assert i.num_rounds == 5 and i.num_iterations == 5
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the primary names: no warning of ours
         c = MAGRPOConfig(output_dir=str(tmp_path), max_completion_length=9, report_to="none")

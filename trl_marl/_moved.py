@@ -60,6 +60,19 @@ SPLIT_MODULES = {
             "default_eos_token_id completion_token_ids ended_with_eos",
         ),
     },
+    "trl_marl.trainers.preference.iterative": {
+        **_names(
+            "trl_marl.trainers.preference.iterative_config",
+            "IterativeConfigMixin MADPOIterConfig MARLHFIterConfig MARLHFIterMAACConfig MARLHFIterIACConfig "
+            "PREFERENCE_SCORING",
+        ),
+        **_names(
+            "trl_marl.trainers.preference.iterative_trainers",
+            "MADPOIterTrainer MARLHFIterTrainer MARLHFIterMAACTrainer MARLHFIterIACTrainer",
+        ),
+        **_names("trl_marl.trainers.preference.round_files", "write_round_file read_round_file ROUND_RECORD_KEYS"),
+        **_names("trl_marl.trainers.preference.rounds", "STATE_FILE"),
+    },
 }
 
 

@@ -35,7 +35,7 @@ def main():
         train_batch_size=2,
         num_rounds=1,
         comparator_policy="current_copy",
-        comparator_devices=["cpu"],
+        comparator_kwargs={"devices": ["cpu"]},
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -45,15 +45,15 @@ def main():
     t = MADPOIterTrainer(model=tiny_model_path(), reward_funcs=reward, args=args, train_dataset=items)
     t.train()  # the round's collection prepares the copy and samples it
     live = [full_state_dict(a) for a in t.team.agents]  # gathered (collective)
-    t.comparator.prepare(t, 2)  # refresh after the update: the copy follows the trained weights
-    copies = t.comparator._copies
+    t.rounds.comparator.prepare(t, 2)  # refresh after the update: the copy follows the trained weights
+    copies = t.rounds.comparator._copies
     report = {
         "deepspeed": t.is_deepspeed_enabled,
         "partitioned": any(hasattr(p, "ds_id") for p in t.team.agents[0].parameters()),
         "live_numel": [sum(v.numel() for v in s.values()) for s in live],
         "copy_numel": [sum(v.numel() for v in c.state_dict().values()) for c in copies],
         "equal": all(torch.equal(c.state_dict()[k].cpu(), v) for c, s in zip(copies, live) for k, v in s.items()),
-        "completed_rounds": t.completed_rounds,
+        "completed_rounds": t.rounds.completed,
         "global_step": t.state.global_step,
     }
     rank = PartialState().process_index

@@ -437,7 +437,7 @@ def run(which, out, hetero):
             "num_processes": acc.num_processes,
             "distributed_type": str(acc.distributed_type),
             "global_step": trainer.state.global_step,
-            "completed_rounds": getattr(trainer, "completed_rounds", None),
+            "completed_rounds": trainer.rounds.completed if getattr(trainer, "rounds", None) else None,
             "eval_reward": metrics["eval_reward"],
             "env_step": trainer.state.log_history[0].get("env_step"),
             "num_pairs": len(getattr(trainer, "pairs", None) or []),

@@ -1,7 +1,7 @@
 """HTTP clients for the API comparator (`comparator_policy="api"`).
 
 One client sends a batch of prompts to a remote model and returns `num_candidates` completions per prompt. The
-request format is `comparator_api_format`:
+request format is `format` (`comparator_kwargs["format"]` of the iterative configs):
 
 | format | endpoint | candidates per request | completions read from |
 |---|---|---|---|
@@ -10,7 +10,7 @@ request format is `comparator_api_format`:
 | `anthropic` | Messages API (`/v1/messages`) | 1 (no `n`) | the `text` blocks of `content` |
 | `openai_responses` (aliases `responses`, `codex`) | Responses API (`/v1/responses`) | 1 (no `n`) | `output_text`, else the `output_text` parts of `output` |
 
-Keys. The key is read from the environment variable named by `key_env` (`comparator_api_key_env`; defaults:
+Keys. The key is read from the environment variable named by `key_env` (`comparator_kwargs["key_env"]`; defaults:
 `OPENAI_API_KEY` for `openai` and `openai_responses`, `ANTHROPIC_API_KEY` for `anthropic`, none for `generic`), at
 request time, and is never stored on the client or its config: it cannot appear in a repr, `to_dict()`, a pickle,
 a log line or an exception message (response text quoted in errors is scrubbed of it too).
@@ -44,6 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from trl_marl.plugins.comparators_protocol import option_name
 from trl_marl.utils.secrets import check_no_secrets
 
 __all__ = [
@@ -146,7 +147,7 @@ def normalize_format(fmt: str) -> str:
     canonical = FORMAT_ALIASES.get(fmt, fmt)
     if canonical not in FORMATS:
         raise ValueError(
-            f"comparator_api_format must be one of {list(FORMATS)} (or the aliases {sorted(FORMAT_ALIASES)} of "
+            f"{option_name('format')} must be one of {list(FORMATS)} (or the aliases {sorted(FORMAT_ALIASES)} of "
             f"'openai_responses'), got {fmt!r}"
         )
     return canonical
@@ -226,43 +227,43 @@ class APIClientConfig:
 
     def __post_init__(self) -> None:
         if not self.url or urlsplit(self.url).scheme not in ("http", "https"):
-            raise ValueError(f"comparator_api_url must be an http(s) URL, got {self.url!r}")
+            raise ValueError(f"{option_name('url')} must be an http(s) URL, got {self.url!r}")
         self.format = normalize_format(self.format)
         if self.format != "generic" and not self.model:
-            raise ValueError(f"comparator_api_model is required when comparator_api_format={self.format!r}")
+            raise ValueError(f"{option_name('model')} is required when {option_name('format')}={self.format!r}")
         if self.key_env is not None and (not isinstance(self.key_env, str) or not self.key_env.isidentifier()):
             raise ValueError(
-                f"comparator_api_key_env must be the NAME of an environment variable (keys are read from the "
+                f"{option_name('key_env')} must be the NAME of an environment variable (keys are read from the "
                 f"environment only), got a {type(self.key_env).__name__} that is not a valid variable name"
             )
         if self.headers is not None and not isinstance(self.headers, Mapping):
-            raise ValueError(f"comparator_api_headers must be a mapping, got {type(self.headers).__name__}")
+            raise ValueError(f"{option_name('headers')} must be a mapping, got {type(self.headers).__name__}")
         if self.extra_body is not None and not isinstance(self.extra_body, Mapping):
-            raise ValueError(f"comparator_api_extra_body must be a mapping, got {type(self.extra_body).__name__}")
+            raise ValueError(f"{option_name('extra_body')} must be a mapping, got {type(self.extra_body).__name__}")
         # the URL, headers and body fields must not carry credentials (trl_marl.utils.secrets decides what is one)
-        check_no_secrets("comparator_api", self.url, self.headers, self.extra_body, "comparator_api_key_env")
+        check_no_secrets("comparator_kwargs", self.url, self.headers, self.extra_body, option_name("key_env"))
         if self.headers:
             self.headers = {str(k): str(v) for k, v in self.headers.items()}
         if self.max_n_per_request is not None:
             if isinstance(self.max_n_per_request, bool) or int(self.max_n_per_request) < 1:
                 raise ValueError(
-                    f"comparator_api_max_n_per_request must be >= 1 or None, got {self.max_n_per_request!r}"
+                    f"{option_name('max_n_per_request')} must be >= 1 or None, got {self.max_n_per_request!r}"
                 )
             if self.format not in _HAS_N and self.max_n_per_request != 1:
                 raise ValueError(
-                    f"comparator_api_max_n_per_request applies to the formats {list(_HAS_N)}; "
-                    f"comparator_api_format={self.format!r} always sends one request per candidate (use None or 1)"
+                    f"{option_name('max_n_per_request')} applies to the formats {list(_HAS_N)}; "
+                    f"{option_name('format')}={self.format!r} always sends one request per candidate (use None or 1)"
                 )
         if not (self.timeout > 0):
-            raise ValueError(f"comparator_api_timeout must be > 0 seconds, got {self.timeout!r}")
+            raise ValueError(f"{option_name('timeout')} must be > 0 seconds, got {self.timeout!r}")
         if isinstance(self.max_response_bytes, bool) or int(self.max_response_bytes) < 1:
-            raise ValueError(f"comparator_api_max_response_bytes must be >= 1, got {self.max_response_bytes!r}")
+            raise ValueError(f"{option_name('max_response_bytes')} must be >= 1, got {self.max_response_bytes!r}")
         if int(self.max_retries) < 0:
-            raise ValueError(f"comparator_api_max_retries must be >= 0, got {self.max_retries!r}")
+            raise ValueError(f"{option_name('max_retries')} must be >= 0, got {self.max_retries!r}")
         if self.backoff_base < 0 or self.backoff_max < 0:
-            raise ValueError("comparator_api_retry_backoff and the backoff cap must be >= 0 seconds")
+            raise ValueError(f"{option_name('backoff_base')} and {option_name('backoff_max')} must be >= 0 seconds")
         if int(self.max_concurrency) < 1:
-            raise ValueError(f"comparator_api_max_concurrency must be >= 1, got {self.max_concurrency!r}")
+            raise ValueError(f"{option_name('max_concurrency')} must be >= 1, got {self.max_concurrency!r}")
 
     @property
     def resolved_key_env(self) -> str | None:
@@ -272,40 +273,6 @@ class APIClientConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able settings (for logs, configs, model cards). Contains the key's variable name, never a key."""
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_args(cls, args: Any) -> APIClientConfig:
-        """Build from a trainer config's `comparator_api_*` fields (missing fields take the defaults above).
-
-        Raises `ValueError` when the config carries a literal key (`comparator_api_key`): keys come from the
-        environment only.
-        """
-        if getattr(args, "comparator_api_key", None):
-            raise ValueError(
-                "comparator_api_key is not supported: put the key in an environment variable and name it in "
-                "comparator_api_key_env"
-            )
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        fields = {
-            "url": "comparator_api_url",
-            "format": "comparator_api_format",
-            "model": "comparator_api_model",
-            "key_env": "comparator_api_key_env",
-            "timeout": "comparator_api_timeout",
-            "max_response_bytes": "comparator_api_max_response_bytes",
-            "headers": "comparator_api_headers",
-            "extra_body": "comparator_api_extra_body",
-            "max_n_per_request": "comparator_api_max_n_per_request",
-            "response_field": "comparator_api_response_field",
-            "max_retries": "comparator_api_max_retries",
-            "backoff_base": "comparator_api_retry_backoff",
-            "max_concurrency": "comparator_api_max_concurrency",
-        }
-        kwargs = {}
-        for name, field in fields.items():
-            value = getattr(args, field, None)
-            kwargs[name] = defaults.get(name) if value is None and name != "url" else value
-        return cls(**kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -392,7 +359,9 @@ def build_body(
         if n != 1:
             raise ValueError(f"the anthropic format sends one candidate per request, got n={n}")
         if "max_new_tokens" not in settings:
-            raise ValueError("comparator_api_format='anthropic' needs max_new_tokens (the Messages API's max_tokens)")
+            raise ValueError(
+                f"{option_name('format')}='anthropic' needs max_new_tokens (the Messages API's max_tokens)"
+            )
         body = {
             "model": config.model,
             "max_tokens": settings["max_new_tokens"],
@@ -526,12 +495,14 @@ def backoff_delay(retry: int, base: float, cap: float, retry_after: str | None =
 def _status_hint(status: int, key_env: str | None) -> str:
     if status in (401, 403):
         return (
-            f" (check the key in ${key_env})" if key_env else " (the endpoint wants a key: set comparator_api_key_env)"
+            f" (check the key in ${key_env})"
+            if key_env
+            else f" (the endpoint wants a key: set {option_name('key_env')})"
         )
     if status == 402:
         return " (payment required: insufficient balance on the account?)"
     if status == 404:
-        return " (check comparator_api_url and comparator_api_model)"
+        return f" (check {option_name('url')} and {option_name('model')})"
     return ""
 
 
@@ -555,7 +526,8 @@ class APIClient:
         self._warned_no_key = False
         if config.key_env is not None and not os.environ.get(config.key_env):
             raise ValueError(
-                f"comparator_api_key_env names the environment variable {config.key_env!r}, which is not set (or empty)"
+                f"{option_name('key_env')} names the environment variable {config.key_env!r}, which is not set "
+                "(or empty)"
             )
 
     def __repr__(self) -> str:
@@ -606,7 +578,7 @@ class APIClient:
         if env and not secret:
             if self.config.key_env is not None:
                 raise APIComparatorError(
-                    f"the environment variable {env!r} named by comparator_api_key_env is not set (or empty)",
+                    f"the environment variable {env!r} named by {option_name('key_env')} is not set (or empty)",
                     url=_display_url(self.config.url),
                 )
             if not self._warned_no_key:
@@ -693,7 +665,7 @@ class APIClient:
             except _ResponseTooLarge as exc:
                 raise APIComparatorError(
                     f"POST {url} failed: the response is larger than max_response_bytes="
-                    f"{config.max_response_bytes} ({exc}); raise comparator_api_max_response_bytes if it is expected",
+                    f"{config.max_response_bytes} ({exc}); raise {option_name('max_response_bytes')} if it is expected",
                     url=url,
                 ) from None
             except httpx.TransportError as exc:

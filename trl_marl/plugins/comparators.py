@@ -1,16 +1,18 @@
 """The built-in comparators of iterative preference training (entry-point group `trl_marl.comparators`).
 
-| name | the other side of every comparison |
-|---|---|
-| `current` | the live agents, sampled from the trainer's separate `"comparator"` random stream (checkpointed) |
-| `current_copy` | a frozen copy of the agents on `comparator_devices`, refreshed each round (the live agents when the devices are the agents') |
-| `model` | fixed models: `comparator_model_name` (one id for every agent) or `comparator_agents` (one per agent), loaded once, frozen |
-| `history` | the agents as they were `comparator_history_k` rounds back (the oldest snapshot while fewer exist), loaded once per round |
-| `api` | a remote model (`trl_marl.plugins.api_clients`) |
+| name | the other side of every comparison | options (`comparator_kwargs`) |
+|---|---|---|
+| `current` | the live agents, sampled from the trainer's separate `"comparator"` random stream (checkpointed) | `LocalComparatorOptions` |
+| `current_copy` | a frozen copy of the agents on `devices`, refreshed each round (the live agents when the devices are the agents') | `CurrentCopyComparatorOptions` |
+| `model` | fixed models: `model_name` (one id for every agent) or `agents` (one per agent), loaded once, frozen | `ModelComparatorOptions` |
+| `history` | the agents as they were `k` rounds back (the oldest snapshot while fewer exist), loaded once per round | `HistoryComparatorOptions` |
+| `api` | a remote model (`trl_marl.plugins.api_clients`) | `APIComparatorOptions` |
 
-With `comparator_generation_mode="centralized"` ONE comparator model (`comparator_centralized_agent_index`) writes all
-roles' responses as one tagged joint completion, parsed back into roles; a candidate that fails to parse is dropped
-(`None` in its slot) and counted in `parse_failures`, never silently emptied.
+Each is built as `ComparatorClass(args, **comparator_kwargs)`; its options are the fields of its `options_class`
+(`trl_marl.plugins.comparator_options`), checked when the config is built. With `generation_mode="centralized"` ONE
+comparator model (`centralized_agent_index`) writes all roles' responses as one tagged joint completion, parsed back
+into roles; a candidate that fails to parse is dropped (`None` in its slot) and counted in `parse_failures`, never
+silently emptied.
 
 Each class follows `trl_marl.plugins.comparators_protocol.Comparator`.
 """
@@ -26,6 +28,14 @@ import torch
 
 from trl_marl.data_types.text import CompletionText, PromptText
 from trl_marl.models.loading import ended_with_eos, eos_token_ids
+from trl_marl.plugins.comparator_options import (
+    APIComparatorOptions,
+    CurrentCopyComparatorOptions,
+    HistoryComparatorOptions,
+    LocalComparatorOptions,
+    ModelComparatorOptions,
+    build_options,
+)
 from trl_marl.rollout.centralized import CentralizedParseError, TaggedCentralizedAdapter
 
 __all__ = [
@@ -35,10 +45,7 @@ __all__ = [
     "FixedModelComparator",
     "HistoryComparator",
     "APIComparator",
-    "GENERATION_MODES",
 ]
-
-GENERATION_MODES = ("decentralized", "centralized")
 
 
 def parse_joint_completions(adapter, texts: Sequence[str], num_items: int, num_candidates: int):
@@ -61,22 +68,19 @@ def parse_joint_completions(adapter, texts: Sequence[str], num_items: int, num_c
 class ModelComparator:
     """Shared machinery of the comparators that sample local models: decentralized or centralized generation.
 
-    Subclasses provide `models(trainer) -> (models, tokenizers)` (one per agent) and may override `sample`.
+    Built as `Class(args, **options)`, the options being the fields of `options_class`. Subclasses provide
+    `models(trainer) -> (models, tokenizers)` (one per agent) and may override `sample`.
     """
 
     name = "model-base"
+    options_class: type[LocalComparatorOptions] = LocalComparatorOptions
 
-    def __init__(self, args: Any):
-        mode = getattr(args, "comparator_generation_mode", "decentralized")
-        if mode not in GENERATION_MODES:
-            raise ValueError(f"comparator_generation_mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
+    def __init__(self, args: Any, **options: Any):
+        self.options = build_options(self.options_class, self.name, options)
+        self.options.check_team(args.num_agents)
         self.args = args
-        self.centralized = mode == "centralized"
-        self.central_index = int(getattr(args, "comparator_centralized_agent_index", 0) or 0)
-        if self.central_index < 0 or self.central_index >= args.num_agents:
-            raise ValueError(
-                f"comparator_centralized_agent_index must be in [0, {args.num_agents - 1}], got {self.central_index}"
-            )
+        self.centralized = self.options.generation_mode == "centralized"
+        self.central_index = self.options.centralized_agent_index
         self.adapter = TaggedCentralizedAdapter(args.num_agents)
         self.parse_failures = 0
 
@@ -162,22 +166,19 @@ class CurrentComparator(ModelComparator):
 
 
 class CurrentCopyComparator(CurrentComparator):
-    """A frozen copy of the current agents on `comparator_devices`, refreshed at every collection phase. When the
+    """A frozen copy of the current agents on `devices`, refreshed at every collection phase. When the
     comparator devices are the agents' own (or unset) the live agents are used directly (no copy).
 
     Under DeepSpeed ZeRO-3 the live agents' parameters are partitioned across processes: the copy is then built from
     their GATHERED weights (`deepspeed.zero.GatheredParameters`, on every process) as a plain, full model, whenever
-    `comparator_devices` is given (even on the agents' own device), so the comparator samples without re-gathering."""
+    `devices` is given (even on the agents' own device), so the comparator samples without re-gathering."""
 
     name = "current_copy"
+    options_class = CurrentCopyComparatorOptions
 
-    def __init__(self, args: Any):
-        super().__init__(args)
-        self.devices = list(getattr(args, "comparator_devices", None) or [])
-        if self.devices and len(self.devices) not in (1, args.num_agents):
-            raise ValueError(
-                f"comparator_devices has {len(self.devices)} entries; give 1 or num_agents={args.num_agents}"
-            )
+    def __init__(self, args: Any, **options: Any):
+        super().__init__(args, **options)
+        self.devices = list(self.options.devices or [])
         self._copies: list[torch.nn.Module] | None = None
 
     def _device(self, i: int) -> str | None:
@@ -273,24 +274,18 @@ def _load_causal_lm(source: Any, device: Any):
 
 
 class FixedModelComparator(ModelComparator):
-    """Fixed comparator models: `comparator_model_name` (one id or path, loaded once for every agent) or
-    `comparator_agents` (one id / path per agent), loaded once on first use, frozen, on `comparator_devices` (or the
-    trainer's device). Hub repositories and local checkpoints both work."""
+    """Fixed comparator models: `model_name` (one id or path, loaded once for every agent) or `agents` (one id /
+    path per agent), loaded once on first use, frozen, on `devices` (or the trainer's device). Hub repositories and
+    local checkpoints both work."""
 
     name = "model"
+    options_class = ModelComparatorOptions
 
-    def __init__(self, args: Any):
-        super().__init__(args)
-        name = getattr(args, "comparator_model_name", None)
-        agents = getattr(args, "comparator_agents", None)
-        if not name and not agents:
-            raise ValueError("comparator_policy='model' needs comparator_model_name or comparator_agents")
-        if name and agents:
-            raise ValueError("pass comparator_model_name or comparator_agents, not both")
-        if agents is not None and len(agents) != args.num_agents:
-            raise ValueError(f"comparator_agents has {len(agents)} entries but num_agents is {args.num_agents}")
-        self.sources = list(agents) if agents else [name] * args.num_agents
-        self.devices = list(getattr(args, "comparator_devices", None) or [])
+    def __init__(self, args: Any, **options: Any):
+        super().__init__(args, **options)
+        o = self.options
+        self.sources = list(o.agents) if o.agents else [o.model_name] * args.num_agents
+        self.devices = list(o.devices or [])
         self._models: list | None = None
         self._tokenizers: list | None = None
 
@@ -318,29 +313,29 @@ class FixedModelComparator(ModelComparator):
 
 
 class HistoryComparator(CurrentComparator):
-    """The agents as they were `comparator_history_k` rounds back (default 1: the previous round's policy; the
-    initial policy while fewer rounds exist). The trainer saves a policy snapshot at the start of every round; the
-    comparator loads the right one ONCE per round (in `prepare`), not per item."""
+    """The agents as they were `k` rounds back (default 1: the previous round's policy; the initial policy while
+    fewer rounds exist). The trainer saves a policy snapshot at the start of every round (`needs_policy_history`);
+    the comparator loads the right one ONCE per round (in `prepare`), not per item."""
 
     name = "history"
+    options_class = HistoryComparatorOptions
+    needs_policy_history = True
 
-    def __init__(self, args: Any):
-        super().__init__(args)
-        k = getattr(args, "comparator_history_k", None)
-        self.k = 1 if k is None else int(k)
-        if self.k < 1:
-            raise ValueError(f"comparator_history_k must be >= 1, got {k}")
-        self.devices = list(getattr(args, "comparator_devices", None) or [])
+    def __init__(self, args: Any, **options: Any):
+        super().__init__(args, **options)
+        self.k = int(self.options.k)
+        self.devices = list(self.options.devices or [])
         self._models: list | None = None
         self.loaded_from: str | None = None
 
     def snapshot_for(self, trainer, iteration: int) -> str:
         """The snapshot folder used in round `iteration`: round `iteration - k`'s, or the oldest one."""
         wanted = max(iteration - self.k, 0)  # snapshot r = the policy after round r (0 = the initial policy)
-        available = sorted(trainer.policy_snapshots)
+        snapshots = trainer.rounds.policy_snapshots
+        available = sorted(snapshots)
         older = [r for r in available if r <= wanted]
         r = older[-1] if older else available[0]
-        return trainer.policy_snapshots[r]
+        return snapshots[r]
 
     def prepare(self, trainer, iteration: int) -> None:
         path = self.snapshot_for(trainer, iteration)
@@ -369,22 +364,19 @@ class HistoryComparator(CurrentComparator):
 
 
 class APIComparator:
-    """A remote model behind an HTTP API (`comparator_api_*` fields; see `trl_marl.plugins.api_clients`). Keys come
-    from the environment variable named by `comparator_api_key_env` only."""
+    """A remote model behind an HTTP API (options: `APIComparatorOptions`; see `trl_marl.plugins.api_clients`). Keys
+    come from the environment variable named by the `key_env` option only."""
 
     name = "api"
+    options_class = APIComparatorOptions
 
-    def __init__(self, args: Any):
-        from trl_marl.plugins.api_clients import APIClient, APIClientConfig
+    def __init__(self, args: Any, **options: Any):
+        from trl_marl.plugins.api_clients import APIClient
 
-        mode = getattr(args, "comparator_generation_mode", "decentralized")
-        if mode not in GENERATION_MODES:
-            raise ValueError(f"comparator_generation_mode must be one of {list(GENERATION_MODES)}, got {mode!r}")
-        if not getattr(args, "comparator_api_url", None):
-            raise ValueError("comparator_policy='api' needs comparator_api_url")
-        self.centralized = mode == "centralized"
+        self.options = build_options(self.options_class, self.name, options)
+        self.centralized = self.options.generation_mode == "centralized"
         self.adapter = TaggedCentralizedAdapter(args.num_agents)
-        self.client = APIClient(APIClientConfig.from_args(args))
+        self.client = APIClient(self.options.client_config())
         self.parse_failures = 0
 
     def generate(self, items, prompts_per_agent, num_candidates, trainer):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-__all__ = ["Comparator", "JointCandidate", "check_comparator_output"]
+__all__ = ["Comparator", "JointCandidate", "check_comparator_output", "option_name"]
 
 JointCandidate = list[str]
 """One joint response: one completion string per agent, in agent order."""
@@ -23,10 +23,12 @@ JointCandidate = list[str]
 class Comparator(Protocol):
     """A source of comparator joint responses.
 
-    Construction. The trainer builds the comparator once, before training, as `ComparatorClass(args)` where `args`
-    is the trainer's iterative config (`MADPOIterConfig` / `MARLHFIterConfig`). The constructor reads the
-    `comparator_*` fields it needs, validates them (`ValueError` naming the field), and does no heavy work: models
-    are loaded, copied or placed lazily, on the first `generate` call or in `prepare`.
+    Construction. The trainer builds the comparator once, before training, as
+    `ComparatorClass(args, **args.comparator_kwargs)`: `args` is the trainer's iterative config (`MADPOIterConfig` /
+    `MARLHFIterConfig`), the keyword arguments are the comparator's own options. The constructor validates them
+    (`ValueError` naming the option) and does no heavy work: models are loaded, copied or placed lazily, on the
+    first `generate` call or in `prepare`. A class that declares its options as a dataclass (`options_class`, see
+    `trl_marl.plugins.comparator_options`) has them checked when the config is built, before any model loads.
 
     Generation. In each round's collection phase the trainer calls
 
@@ -35,21 +37,22 @@ class Comparator(Protocol):
     - `items`: the batch of task items (dataset rows), `B = len(items)`.
     - `prompts_per_agent[i][b]`: agent i's prompt for item b, as the trainer formatted it for the current agents
       (`len(prompts_per_agent) == num_agents`, each of length B). A centralized comparator
-      (`comparator_generation_mode="centralized"`) builds its one joint prompt from these and the item itself.
+      (`generation_mode="centralized"`) builds its one joint prompt from these and the item itself.
     - `num_candidates`: how many joint responses to return per item (`comparator_num_candidates`, defaulting to
       `preference_num_candidates`).
     - `trainer`: the calling trainer, for what the comparator may need from it: `trainer.args` (generation
-      settings such as `max_new_tokens`, `temperature`, `top_p`, `top_k`), the agents and tokenizers, devices,
-      the iteration counter, the checkpoint directory. A comparator must not change the trainer's state (no
-      optimizer steps, no change to the agents' weights or to the trainer's RNG streams).
+      settings such as `max_completion_length`, `temperature`, `top_p`, `top_k`), the agents and tokenizers,
+      devices, the round driver `trainer.rounds` (`completed` rounds, `policy_snapshots`), the output directory.
+      A comparator must not change the trainer's state (no optimizer steps, no change to the agents' weights or to
+      the trainer's RNG streams).
 
     Returns `joint` with `joint[b][c][i]` = agent i's completion (a `str`, without the prompt) in joint candidate c
     for item b: `len(joint) == B`, `len(joint[b]) == num_candidates`, `len(joint[b][c]) == num_agents`. Candidate
     c of the comparator is compared with candidate c of the current agents; a centralized comparator parses its joint
     completion back into one string per agent before returning, and puts `None` in the slot of a candidate that
-    failed to parse (that index is then not compared; count such failures in a `parse_failures` attribute). Completions are plain text: the trainer re-tokenizes
-    them for the training pass. Failures raise (for example the API comparator's `APIComparatorError`); returning
-    fewer candidates is not a way to signal an error.
+    failed to parse (that index is then not compared; count such failures in a `parse_failures` attribute).
+    Completions are plain text: the trainer re-tokenizes them for the training pass. Failures raise (for example the
+    API comparator's `APIComparatorError`); returning fewer candidates is not a way to signal an error.
 
     Optional hooks (called when present, via `getattr`):
 
@@ -62,6 +65,11 @@ class Comparator(Protocol):
 
     Attributes:
         name: the entry-point name the comparator is registered under (logs, model cards, error messages).
+        options_class: optional; the dataclass of the comparator's options, built from `comparator_kwargs` when the
+            config is built (its `__post_init__` validates them; an optional `check_team(num_agents)` method checks
+            what depends on the team's size).
+        needs_policy_history: optional; True makes the trainer save a policy snapshot at the start of every round
+            (`trainer.rounds.policy_snapshots`: rounds completed -> folder), as `history` needs.
     """
 
     name: ClassVar[str]
@@ -103,3 +111,9 @@ def check_comparator_output(
                     f"(one per agent), got {candidate!r:.200}"
                 )
     return [[None if candidate is None else list(candidate) for candidate in per_item] for per_item in joint]
+
+
+def option_name(key: str) -> str:
+    """Where the comparator option `key` is set in an iterative config (for error messages):
+    `comparator_kwargs['key']`."""
+    return f"comparator_kwargs[{key!r}]"

@@ -1,9 +1,9 @@
-"""Preference learning between joint responses: pairs, the joint reward model, MADPO and MARLHF."""
+"""Preference learning between joint responses: pairs, the joint reward model, MADPO and MARLHF, and their
+iterative versions (rounds run by a `RoundDriver`)."""
 
-from trl_marl.trainers.preference.iterative import (
-    MADPOIterConfig,
+from trl_marl.trainers.preference.iterative_config import MADPOIterConfig, MARLHFIterConfig
+from trl_marl.trainers.preference.iterative_trainers import (
     MADPOIterTrainer,
-    MARLHFIterConfig,
     MARLHFIterIACTrainer,
     MARLHFIterMAACTrainer,
     MARLHFIterTrainer,
@@ -12,6 +12,7 @@ from trl_marl.trainers.preference.madpo import MADPOConfig, MADPOTrainer, Prefer
 from trl_marl.trainers.preference.marlhf import MARLHFConfig, MARLHFIACTrainer, MARLHFMAACTrainer, MARLHFTrainer
 from trl_marl.trainers.preference.pairs import PreferencePair, select_pairs
 from trl_marl.trainers.preference.reward_model import JointRewardModel, joint_text
+from trl_marl.trainers.preference.rounds import RoundDriver
 
 __all__ = [
     "JointRewardModel",
@@ -29,6 +30,7 @@ __all__ = [
     "MARLHFTrainer",
     "PreferenceConfig",
     "PreferencePair",
+    "RoundDriver",
     "joint_text",
     "select_pairs",
 ]

@@ -6,12 +6,12 @@
     grad_theta_i L = - beta * sigmoid(-beta * Delta) * grad m_i
 
 Each agent's gradient flows through its own margin only; the weight `sigmoid(-beta * Delta)` is the team's. The
-objective is reference-free by default (as specified; the inherited reference-KL fields add no term). TRL's DPO
-pieces: each agent's batch is padded by TRL's `DataCollatorForPreference` and scored in ONE forward over winners
-and losers, `DPOTrainer._compute_loss`'s scheme with TRL's fused LM head (`dpo_forward.py`); `loss_type` takes the
-names and formulas of TRL's `DPOTrainer`, all 15 (`joint_dpo_loss`, applied to the joint response's log-ratios),
-and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's names) turns each
-log-prob into `log pi_i - log pi_ref,i`. Metrics are DPO's: `rewards/chosen`, `rewards/rejected`,
+objective is reference-free by default (as specified; the RL trainers' reward-side `reference_kl_enabled` is
+refused). TRL's DPO pieces: each agent's batch is padded by TRL's `DataCollatorForPreference` and scored in ONE
+forward over winners and losers, `DPOTrainer._compute_loss`'s scheme with TRL's fused LM head (`dpo_forward.py`);
+`loss_type` takes the names and formulas of TRL's `DPOTrainer`, all 15 (`joint_dpo_loss`, applied to the joint
+response's log-ratios), and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's
+names) turns each log-prob into `log pi_i - log pi_ref,i`. Metrics are DPO's: `rewards/chosen`, `rewards/rejected`,
 `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected` (of the joint response). The trainer first
 collects preference pairs from the task items with the initial agents (see `pairs.py`), then runs
 `num_train_epochs` over them.
@@ -142,6 +142,9 @@ class MADPOConfig(PreferenceConfig):
             or, without one, with the INITIAL agents: the reference is then the starting policy at no memory cost),
             the pairs split over the processes and the values gathered to every process.
             Without it and without `ref_model` the loss is reference-free.
+
+    `reference_kl_enabled` / `reference_devices` (the RL trainers' reward penalty) are refused: MADPO's reference is
+    the DPO reference (`ref_model`, `precompute_ref_log_probs`).
     """
 
     beta: float = field(default=0.1, metadata={"help": "Scale eta of the joint margin (TRL's DPO beta)."})
@@ -186,6 +189,19 @@ class MADPOConfig(PreferenceConfig):
             raise ValueError(f"loss_type 'exo_pair' needs 0 < label_smoothing < 1, got {self.label_smoothing}")
         if self.discopop_tau <= 0:
             raise ValueError(f"discopop_tau must be > 0, got {self.discopop_tau}")
+        # MultiAgentConfig's reward-side KL penalty belongs to the RL trainers: MADPO has no reward to penalise, and
+        # would build a frozen copy of every agent that no loss reads
+        if self.reference_kl_enabled:
+            raise ValueError(
+                f"reference_kl_enabled=True does nothing for {type(self).__name__} (it penalises an RL reward; "
+                "MADPO has none). MADPO's reference is the DPO reference policy: pass ref_model= to the trainer, or "
+                "set precompute_ref_log_probs=True to use the initial agents"
+            )
+        if self.reference_devices is not None:
+            raise ValueError(
+                f"reference_devices places the reference-KL copies, which {type(self).__name__} does not build; "
+                "a DPO reference model (ref_model=) is placed beside its agent"
+            )
 
 
 assert set(PreferenceConfig._allowed_pair_selections) <= set(PAIR_SELECTIONS)
@@ -205,17 +221,17 @@ class PreferenceCollectionMixin:
         """A training pair from a record (`PreferencePair.to_record()`'s shape, e.g. a round file's entry),
         re-tokenized with each agent's tokenizer as this trainer tokenizes its own samples
         (`PreferencePair.from_record`)."""
-        if not getattr(self, "_chat_known", False) and len(self.train_dataset):
+        if not self._chat_known and len(self.train_dataset):
             # render one item: learns whether each agent's prompts are chat-template text (no special tokens)
             self.rollout_engine.first_prompts(self.train_dataset[0])
             self._chat_known = True
         return PreferencePair.from_record(
             record,
             self.tokenizers,
-            self.args.max_new_tokens,
+            self.args.max_completion_length,
             self.eos_ids,
             self.args.max_prompt_length,
-            chat=list(self._chat_prompts) if getattr(self, "_chat_known", False) else None,
+            chat=list(self._chat_prompts) if self._chat_known else None,
         )
 
     def _accept_pairs(self, pairs: Any) -> list[PreferencePair] | None:
@@ -228,10 +244,12 @@ class PreferenceCollectionMixin:
             p.winner_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.winner_ids)]
             p.loser_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.loser_ids)]
 
-    def _setup_collaboration(self, args, reward_func, formatters, agents, adapter):
-        """Centralized mode: rewrite (args, reward, formatters) for one model writing every role."""
+    def _setup_preference(self, args, reward_func, formatters, agents, adapter):
+        """The preference part's state, set before the models load; in centralized mode, (args, reward, formatters)
+        rewritten for one model writing every role."""
         self.num_roles = args.num_agents
         self._centralized_reward = None
+        self._chat_known = False  # whether `_chat_prompts` is known (`pair_from_record` renders one item first)
         if args.collaboration_mode != "centralized":
             return args, reward_func, formatters
         from trl_marl.rollout.centralized import centralized_setup
@@ -247,7 +265,7 @@ class PreferenceCollectionMixin:
         """No item yielded a non-tied pair: say so in ONE warning (main process) that says what to change, and end
         with no update (`state.global_step` stays 0; the recipes then exit non-zero)."""
         k = self.args.preference_num_candidates
-        centralized = getattr(self, "_centralized_reward", None) is not None
+        centralized = self._centralized_reward is not None
         hint = (
             " With collaboration_mode='centralized' the ONE model must write every role in the tagged format: a "
             "model that does not (a tiny or base model) scores every candidate alike; use an instruction-tuned "
@@ -337,7 +355,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         **kwargs,
     ):
         args = self._checked_args(args)
-        args, reward_func, formatters = self._setup_collaboration(args, reward_func, formatters, agents, adapter)
+        args, reward_func, formatters = self._setup_preference(args, reward_func, formatters, agents, adapter)
         super().__init__(
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
         )
@@ -413,14 +431,21 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         resume_from_checkpoint = self._restore_for_resume(resume_from_checkpoint)  # restores the collected pairs
+        if not self._prepare_pairs():
+            return self._end_without_pairs("there is nothing to learn from")
+        # a true post-update reward, unlike turn_1/reward_mean
+        return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
+
+    def _prepare_pairs(self) -> bool:
+        """Before the training loop: collect the pairs (unless given or restored) and precompute their reference
+        log-probs when asked; False when there is no pair to train on."""
         if self.pairs is None:
             self.pairs = self.collect_preference_pairs()
         if not self.pairs:
-            return self._end_without_pairs("there is nothing to learn from")
+            return False
         if self.args.precompute_ref_log_probs:
             self.precompute_reference_logps(self.pairs)
-        # a true post-update reward, unlike turn_1/reward_mean
-        return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
+        return True
 
     def _extra_resume_state(self) -> dict:
         return {**super()._extra_resume_state(), "pairs": self.pairs}
@@ -576,7 +601,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
 
     def _record_rollout_metrics(self, rollout, mode: str) -> None:
         super()._record_rollout_metrics(rollout, mode)
-        r = getattr(self, "_centralized_reward", None)
+        r = self._centralized_reward
         if r is not None and r.parsed:
             self._metrics[mode]["centralized/parse_failure_rate"].append(r.parse_failures / r.parsed)
             r.parse_failures = r.parsed = 0

@@ -10,13 +10,20 @@
    critics); the reference-KL penalty applies to this phase only.
 
 Evaluation always samples the current agents and scores them with the TASK reward.
+
+The iterative trainers (`MARLHFIterTrainer`, `runs_rounds`) run the same pipeline round after round: a `RoundDriver`
+(`rounds.py`) collects each round's pairs, and MARLHF's round step (`round_batches`) fits a NEWLY initialised reward
+model on them, then runs `num_train_epochs` of RL over the task items on its scores.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +32,9 @@ from trl_marl.rewards import RewardFunction
 from trl_marl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from trl_marl.trainers.names import TRL_POSITIONAL
 from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin, PreferenceConfig
+from trl_marl.trainers.preference.pairs import PreferencePair
 from trl_marl.trainers.preference.reward_model import JointRewardModel
+from trl_marl.trainers.preference.rounds import RoundDriver, build_round_plugins
 from trl_marl.trainers.registry import algorithms
 from trl_marl.trainers.reinforce import MAGRPOTrainer
 
@@ -47,6 +56,18 @@ ACTOR_CRITIC_BACKENDS = ("maac", "iac")
 RL_ALGORITHMS = {
     **{a.name: a.baseline for a in algorithms() if a.baseline is not None},
     **dict.fromkeys(ACTOR_CRITIC_BACKENDS),
+}
+# the actor-critic backends' fields -> the rl_algorithm values that read them
+BACKEND_FIELDS = {
+    "critic_type": ACTOR_CRITIC_BACKENDS,
+    "critic_learning_rate": ACTOR_CRITIC_BACKENDS,
+    "value_loss_coef": ACTOR_CRITIC_BACKENDS,
+    "critic_value_head_hidden_dim": ACTOR_CRITIC_BACKENDS,
+    "critic_devices": ACTOR_CRITIC_BACKENDS,
+    "critic_max_length": ("maac",),
+    "use_separate_critic": ("iac",),
+    "value_clip_range": ("iac",),
+    "value_head_hidden_dim": ("iac",),
 }
 
 
@@ -155,14 +176,23 @@ class MARLHFConfig(PreferenceConfig):
             raise ValueError(
                 f"reward_gradient_accumulation_steps must be >= 1, got {self.reward_gradient_accumulation_steps}"
             )
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, backends in BACKEND_FIELDS.items():
+            if self.rl_algorithm not in backends and getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is read by rl_algorithm {' or '.join(map(repr, backends))} only; "
+                    f"with rl_algorithm={self.rl_algorithm!r} it does nothing: leave it unset, or choose that backend"
+                )
 
 
 class _MARLHFMixin(PreferenceCollectionMixin):
-    """What MARLHF adds to an RL trainer: pairs, the joint reward model, the learned reward for RL rollouts."""
+    """What MARLHF adds to an RL trainer: pairs, the joint reward model, the learned reward for RL rollouts, and, in
+    the iterative trainers (`runs_rounds`), the round driver (`self.rounds`) and MARLHF's round step."""
 
     _name = "MARLHF"
     candidate_reward_keys = ("preference/candidate_reward_mean",)
     _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "rlhf"]
+    runs_rounds = False  # True: `MARLHFIterTrainer` and its actor-critic variants
 
     def __init__(
         self,
@@ -174,9 +204,19 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         reward_model: JointRewardModel | None = None,
         preference_pairs=None,
         adapter=None,
+        comparator=None,
+        replay_mode=None,
         **kwargs,
     ):
+        """`comparator=` / `replay_mode=` (iterative trainers): a registered plugin name (instead of the config's
+        `comparator_policy` / `preference_replay_mode`) or a ready instance (see docs/plugins.md)."""
         args = self._checked_args(args)
+        if self.runs_rounds:  # their errors come before any model loads
+            round_plugins = build_round_plugins(args, comparator, replay_mode)
+        elif comparator is not None or replay_mode is not None:
+            raise TypeError(
+                f"comparator= and replay_mode= are arguments of MARLHFIterTrainer, not {type(self).__name__}"
+            )
         if reward_model is None and args.reward_model_path is not None:
             reward_model = JointRewardModel.load(args.reward_model_path, max_length=args.reward_max_length)
         if reward_model is None and args.reward_model_name is None:
@@ -188,7 +228,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
                     "reward_model_name is required when the agents are model objects without an id (the reward "
                     "model's backbone is loaded from it)"
                 )
-        args, reward_func, formatters = self._setup_collaboration(args, reward_func, formatters, agents, adapter)
+        args, reward_func, formatters = self._setup_preference(args, reward_func, formatters, agents, adapter)
         super().__init__(
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
         )
@@ -199,6 +239,9 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         # RL rollouts score with the learned reward; `rollout_engine` keeps the task reward (pairs, evaluation)
         self.train_rollout_engine = copy.copy(self.rollout_engine)
         self.train_rollout_engine.reward = RewardFunction(self._learned_reward, self.num_agents)
+        self._reward_model_state: dict | None = None  # the gathered reward model while `save_model` writes it
+        self._round_step = 0  # iterative: training steps taken in the current round
+        self.rounds = RoundDriver(self, *round_plugins) if self.runs_rounds else None
 
     # ---- the learned reward ----
     def _learned_reward(self, *completions, batch_items=None) -> list[float]:
@@ -265,15 +308,19 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         return sum(a > b for a, b in zip(w, lo)) / len(w)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        # resuming restores the collected pairs and the fitted reward model (no re-collection, no re-fit)
-        resume_from_checkpoint = self._restore_for_resume(resume_from_checkpoint)
+        # resuming restores the collected pairs and the fitted reward model (no re-collection, no re-fit), or the
+        # rounds (`RoundDriver.running`)
+        checkpoint = self._restore_for_resume(resume_from_checkpoint)
+        if self.rounds is not None:
+            with self.rounds.running(checkpoint):
+                return self._final_evaluation(super().train(checkpoint, *args, **kwargs))
         if self.reward_model is None:
             if self.pairs is None:
                 self.pairs = self.collect_preference_pairs()
             if not self.pairs:
                 return self._end_without_pairs("no reward model can be fitted")
             self.fit_reward_model()
-        return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
+        return self._final_evaluation(super().train(checkpoint, *args, **kwargs))
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         # a sharded reward model is gathered on every rank (a collective) before the main process writes it
@@ -287,13 +334,16 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         super()._save_extra(output_dir, state_dict)
         if self.reward_model is not None:
             folder = os.path.join(output_dir, "reward_model")
-            self.reward_model.save_pretrained(folder, state_dict=getattr(self, "_reward_model_state", None))
+            self.reward_model.save_pretrained(folder, state_dict=self._reward_model_state)
 
     def _extra_resume_state(self) -> dict:
-        return {**super()._extra_resume_state(), "pairs": self.pairs, "reward_model": self.reward_model is not None}
+        extra = {**super()._extra_resume_state(), "pairs": self.pairs, "reward_model": self.reward_model is not None}
+        return extra if self.rounds is None else {**extra, **self.rounds.resume_state()}
 
     def _restore_extra_state(self, checkpoint: str, extra: dict) -> None:
         super()._restore_extra_state(checkpoint, extra)
+        if self.rounds is not None:
+            self.rounds.restore_resume_state(extra)
         if extra.get("pairs") is not None:
             self.pairs = extra["pairs"]
         if extra.get("reward_model"):
@@ -310,6 +360,77 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
             rm = JointRewardModel(model, AutoTokenizer.from_pretrained(folder), self.args.reward_max_length)
             self.reward_model = rm.prepare_for_scoring(self.accelerator, self.args.reward_model_device)
+
+    # ---- rounds (the iterative trainers: `runs_rounds`) ----
+    def get_train_dataloader(self):
+        return super().get_train_dataloader() if self.rounds is None else self.rounds.loader()
+
+    def _save_checkpoint_extra(self, folder: str) -> None:
+        super()._save_checkpoint_extra(folder)
+        if self.rounds is not None and self.args.should_save:
+            self.rounds.save_state(folder)
+
+    def _rng_round(self) -> int:
+        return super()._rng_round() if self.rounds is None else self.rounds.stream_round
+
+    def _prepare_inputs(self, items):
+        """Iterative: as `MultiAgentTrainer._prepare_inputs`, keyed on the step WITHIN the round, so each round's
+        first step rolls out (with the round's reward model), whatever the steps before it."""
+        if self.rounds is None or not isinstance(items, list):
+            return super()._prepare_inputs(items)
+        k = self._round_step % self.args.steps_per_rollout
+        self._round_step += 1
+        if k == 0 or self._buffered is None:
+            self._buffered = self._rollout_step(items)
+        return self._buffered[k]
+
+    def preference_oracle(self) -> Callable[..., list[float]] | None:
+        """The scorer of a round's new comparisons: the latest reward model with
+        `preference_scoring_reward="reward_model"` (once one is fitted), else None (the task reward)."""
+        if self.args.preference_scoring_reward == "reward_model" and self.reward_model is not None:
+            return self._learned_reward
+        return None
+
+    def round_micro_batches(self) -> int:
+        """Training batches (micro-steps) of one round: whole rollouts, padded to a multiple of
+        `lcm(steps_per_rollout, gradient_accumulation_steps)` (`_align_rollouts`)."""
+        a = self.args
+        global_batch = a.rollout_buffer_size * self.accelerator.num_processes
+        rollouts = len(self.train_dataset) // global_batch * math.ceil(a.num_train_epochs)
+        unit = math.lcm(a.steps_per_rollout, a.gradient_accumulation_steps)
+        return math.ceil(rollouts * a.steps_per_rollout / unit) * unit
+
+    def round_batches(self, nu: int, pairs: list[PreferencePair]) -> list:
+        """Round nu's step: a NEWLY initialised reward model fitted on its training pairs, then this process's RL
+        batches over the task items (`num_train_epochs` shuffled passes, `steps_per_rollout` batches per rollout)."""
+        self.pairs = pairs
+        self.reward_model = None
+        self.fit_reward_model()
+        a = self.args
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        global_batch = a.rollout_buffer_size * world
+        g = torch.Generator().manual_seed(a.seed * 7919 + nu)
+        batches = []
+        for _ in range(math.ceil(a.num_train_epochs)):
+            order = torch.randperm(len(self.train_dataset), generator=g).tolist()
+            for s in range(0, len(order) - global_batch + 1, global_batch):
+                mine = order[s + rank * a.rollout_buffer_size : s + (rank + 1) * a.rollout_buffer_size]
+                items = [self.train_dataset[j] for j in mine]
+                batches.extend([items] * a.steps_per_rollout)
+        self._buffered = None
+        self._round_step = 0
+        return self.rounds.cap_batches(self._align_rollouts(batches, a.steps_per_rollout))
+
+    def _align_rollouts(self, batches: list, steps_per_rollout: int) -> list:
+        """Pad a round's batches (`steps_per_rollout` consecutive batches per rollout) with WHOLE rollouts, wrapping
+        around, to a multiple of `lcm(steps_per_rollout, gradient_accumulation_steps)`: the round ends on a rollout
+        boundary and on an optimizer step, so the next round starts on both."""
+        unit = math.lcm(steps_per_rollout, self.args.gradient_accumulation_steps)
+        if not batches or len(batches) % unit == 0:
+            return batches
+        groups = [batches[s : s + steps_per_rollout] for s in range(0, len(batches), steps_per_rollout)]
+        need = (unit - len(batches) % unit) // steps_per_rollout
+        return batches + [b for k in range(need) for b in groups[k % len(groups)]]
 
 
 class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):

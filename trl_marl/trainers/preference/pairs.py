@@ -14,8 +14,8 @@ responses with different scores, the higher is the winner, the other the loser; 
 | `"comparator_reward"` | (iterative trainers) by the comparator's score, then the gap, descending |
 
 A pair record has the JSON shape of the spec (`to_record()`), plus `winner_eos` / `loser_eos` where known: per
-agent, the text of the EOS token the completion ended with, or null when it was cut at `max_new_tokens` (so that a
-re-tokenized completion scores exactly the tokens that were generated). The token ids of the winner's and loser's
+agent, the text of the EOS token the completion ended with, or null when it was cut at `max_completion_length` (so
+that a re-tokenized completion scores exactly the tokens that were generated). The token ids of the winner's and loser's
 completions are kept beside it in memory for training, so nothing is re-tokenized within a run.
 
 `to_dataset()` / `PreferencePair.from_dataset()` convert pairs to and from TRL's standard preference format (a
@@ -117,7 +117,7 @@ class PreferencePair:
         cls,
         record: dict,
         tokenizers: Sequence[Any],
-        max_new_tokens: int,
+        max_completion_length: int,
         eos_ids: Sequence[Sequence[int]] | None = None,
         max_prompt_length: int | None = None,
         chat: Sequence[bool | None] | None = None,
@@ -131,7 +131,8 @@ class PreferencePair:
                 iterative fields and `winner_eos` / `loser_eos`. A prompt is the rendered prompt text, or a list of
                 chat messages (rendered with the agent's chat template, generation prompt added).
             tokenizers: one tokenizer per agent (the trainer's `tokenizers`).
-            max_new_tokens: completions are cut to it (a completion that fills it without `*_eos` is taken as cut).
+            max_completion_length: completions are cut to it (a completion that fills it without `*_eos` is taken as
+                cut).
             eos_ids: per agent, the ids that end a completion (the trainer's `eos_ids`; default: each tokenizer's
                 `eos_token_id`).
             max_prompt_length: prompts keep their last `max_prompt_length` tokens (as generation does).
@@ -169,7 +170,7 @@ class PreferencePair:
             ends = record.get(key.replace("_completions", "_eos"))
             return [
                 completion_token_ids(
-                    tokenizers[i], text, eos_ids[i], max_new_tokens, UNKNOWN_EOS if ends is None else ends[i]
+                    tokenizers[i], text, eos_ids[i], max_completion_length, UNKNOWN_EOS if ends is None else ends[i]
                 )
                 for i, text in enumerate(record[key])
             ]
