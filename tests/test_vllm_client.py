@@ -25,6 +25,7 @@ from trl_marl.generation.vllm_protocol import (
 )
 
 INFO = {
+    "api_version": 1,
     "layout": "per_agent",
     "num_agents": 2,
     "agents": [{"vocab_size": 512, "max_model_len": 64}, {"vocab_size": 512, "max_model_len": 64}],
@@ -121,6 +122,15 @@ def test_health_wait_rides_out_the_loading_answers(scripted):
     server = scripted({**READY, "/health": [loading, loading, (200, {"status": "ready"}, 0.0)]})
     client = VLLMServerClient(server.url, timeout=30)
     assert client.info == INFO and server.hits["/health"] == 3
+
+
+def test_a_server_that_is_not_trl_marls_is_named_as_such(scripted):
+    server = scripted({"/health": [(200, {}, 0.0)], "/info": [(404, {"detail": "Not Found"}, 0.0)]})
+    with pytest.raises(VLLMServerError, match="answers /health but has no /info: it is not `trl-marl vllm-serve`"):
+        VLLMServerClient(server.url)
+    newer = scripted({**READY, "/info": [(200, {**INFO, "api_version": 2}, 0.0)]})
+    with pytest.raises(VLLMServerError, match="speaks API version 2, this client 1"):
+        VLLMServerClient(newer.url)
 
 
 def test_a_hung_server_times_out_each_attempt_then_fails(scripted):

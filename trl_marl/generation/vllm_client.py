@@ -28,7 +28,13 @@ import httpx
 import torch
 from torch import nn
 
-from trl_marl.generation.vllm_protocol import GenerateRequest, GenerateResult, RequestError, encode_weights
+from trl_marl.generation.vllm_protocol import (
+    API_VERSION,
+    GenerateRequest,
+    GenerateResult,
+    RequestError,
+    encode_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +121,7 @@ class VLLMServerClient:
             self.wait_until_ready()
 
     def __repr__(self) -> str:
-        return f"VLLMServerClient({self.base_url!r}, agents from {self.agent_offset})"
+        return f"VLLMServerClient({self.base_url!r}, agent_offset={self.agent_offset})"
 
     def __enter__(self) -> VLLMServerClient:
         return self
@@ -148,7 +154,16 @@ class VLLMServerClient:
             else:
                 status = response.status_code
                 if status == 200:
-                    return response.json()
+                    try:
+                        return response.json()
+                    except ValueError:
+                        raise VLLMServerError(
+                            f"{self._who(agent)} answered {method} {path} with a body that is not JSON: "
+                            f"{response.text[:200]!r}",
+                            url=self.base_url,
+                            agent=agent,
+                            status=status,
+                        ) from None
                 try:
                     message = response.json().get("error", response.text)
                 except ValueError:
@@ -202,8 +217,26 @@ class VLLMServerClient:
                     url=self.base_url,
                 )
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        self.info = self.server_info()
-        return self.info
+        try:
+            info = self.server_info()
+        except VLLMServerError as exc:
+            if exc.status != 404:
+                raise
+            raise VLLMServerError(
+                f"{self.base_url} answers /health but has no /info: it is not `trl-marl vllm-serve` (TRL's `trl "
+                "vllm-serve` and `vllm serve` serve one model, without a team's weight pushes); start `trl-marl "
+                "vllm-serve --model MODEL --num_agents N` there",
+                url=self.base_url,
+                status=404,
+            ) from None
+        if info.get("api_version") != API_VERSION:
+            raise VLLMServerError(
+                f"vLLM server {self.base_url} speaks API version {info.get('api_version')}, this client "
+                f"{API_VERSION}: run the same trl_marl version on both sides",
+                url=self.base_url,
+            )
+        self.info = info
+        return info
 
     def server_info(self) -> dict[str, Any]:
         """`GET /info`: the layout, each agent's model, vocab size, context length and weight version, versions."""
