@@ -6,6 +6,7 @@
     trl-marl maac --config run.yaml
     trl-marl env                                          # versions, for bug reports
     trl-marl estimate MODEL --num_agents 2 --world_size 8 # per-rank memory per engine (trl_marl.distributed.memory)
+    trl-marl vllm-serve --model MODEL --num_agents 2      # a team's vLLM server (trl_marl.generation.vllm_server)
 
 A training command runs in this process unless `--accelerate_config NAME|PATH` or `accelerate launch` flags
 (`--num_processes 2`, ...) are given: then it re-launches itself through `accelerate launch` (as `trl <algo>` does),
@@ -22,7 +23,7 @@ from trl_marl.cli.recipes import RECIPES
 
 __all__ = ["main", "print_env"]
 
-TOOLS = ("env", "estimate")  # the commands that do not train
+TOOLS = ("env", "estimate", "vllm-serve")  # the commands that do not train
 
 
 def _split_accelerate_config(argv: list[str]) -> tuple[list[str], str | None]:
@@ -79,6 +80,7 @@ def _build_parser() -> ArgumentParser:
         sub.add_parser(recipe.name, help=f"train with {recipe.help}", add_help=False)
     sub.add_parser("env", help="print the versions of trl_marl and its stack (for bug reports)")
     sub.add_parser("estimate", help="per-rank memory of a team for DDP / ZeRO-2 / ZeRO-3 / FSDP2", add_help=False)
+    sub.add_parser("vllm-serve", help="serve a team's generation with vLLM for vllm_mode='server'", add_help=False)
     return parser
 
 
@@ -138,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from trl_marl.distributed.memory import main as estimate_main
 
         return estimate_main(rest)
+    if command == "vllm-serve":
+        from trl_marl.generation.vllm_server import main as serve_main
+
+        return serve_main(rest)
     if command not in RECIPES:
         parser.error(f"unknown command {command!r}; choose from {', '.join([*RECIPES, *TOOLS])}")
     rest, accelerate_config = _split_accelerate_config(rest)
