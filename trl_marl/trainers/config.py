@@ -18,6 +18,7 @@ from trl.trainer.base_config import _BaseConfig  # noqa: E402
 
 from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
+from trl_marl.trainers.trl_settings import check_config_kwargs  # noqa: E402
 from trl_marl.utils.deprecation import warn_deprecated  # noqa: E402
 
 __all__ = ["MultiAgentConfig", "PARALLEL_MODES"]
@@ -271,6 +272,12 @@ class MultiAgentConfig(_BaseConfig):
                 warn_deprecated(f"`{old}` is deprecated; use `{new}` (TRL's name)", stacklevel=4)
                 setattr(self, new, old_value)
             setattr(self, old, getattr(self, new))
+
+    def __new__(cls, *args, **kwargs):
+        # before the dataclass __init__: a TRL setting this config does not take gets a pointer, not Python's bare
+        # "unexpected keyword argument" (trl_marl.trainers.trl_settings)
+        check_config_kwargs(cls, kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self):
         if self.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
