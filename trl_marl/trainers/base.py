@@ -39,10 +39,12 @@ from trl_marl.checkpointing.checkpoint import (
     PREEMPTED_EXIT_CODE,
     CheckpointError,
     PreemptionHandler,
+    is_staging_folder,
     load_resume_state,
     resolve_resume_checkpoint,
     save_checkpoint_atomically,
 )
+from trl_marl.checkpointing.checksums import write_folder_checksums
 from trl_marl.data_types.batches import AgentBatch, collate_agent_batch
 from trl_marl.data_types.rng import RNGStreams
 from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample
@@ -60,11 +62,13 @@ from trl_marl.distributed.zero3 import (
 from trl_marl.distributed.zero3 import gathered as zero3_gathered
 from trl_marl.distributed.zero3 import hooks_removed as zero3_hooks_removed
 from trl_marl.hub import (
+    CARD_FILE,
     agent_role,
     clear_saved_team,
     init_trainer_repos,
     push_trainer,
     push_trainer_checkpoint,
+    saved_team_entries,
     team_metadata,
     write_trainer_cards,
 )
@@ -1114,7 +1118,9 @@ class MultiAgentTrainer(_BaseTrainer):
     def _restore_for_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
         """Resolve the checkpoint (see `trl_marl.checkpointing.checkpoint.resolve_resume_checkpoint`) and restore this process's
         resume state from it, once."""
-        checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        checkpoint = resolve_resume_checkpoint(
+            resume_from_checkpoint, self.args.output_dir, identity=self.checkpoint_identity()
+        )
         if checkpoint is None or checkpoint == self._restored_from:
             return checkpoint
         state = load_resume_state(checkpoint, self.accelerator.process_index, self.all_resume_types())
@@ -1194,6 +1200,18 @@ class MultiAgentTrainer(_BaseTrainer):
         write_trainer_cards(self, output_dir)
         # the config as TrainingArguments pickles it, minus anything secret (trl_marl.utils.secrets)
         torch.save(redacted_args(self.args), os.path.join(output_dir, "training_args.bin"))
+        if not is_staging_folder(output_dir):  # a checkpoint's marker already holds the digest of every file
+            write_folder_checksums(output_dir, saved_team_entries(output_dir), exclude_names=[CARD_FILE])
+
+    def checkpoint_identity(self) -> dict:
+        """What a checkpoint records about the run that wrote it, checked when one is resumed: the trainer, the
+        algorithm and the team (a checkpoint of another trainer or team is refused as such, not called damaged)."""
+        return {
+            "trainer": type(self).__name__,
+            "algorithm": self._name,
+            "num_agents": self.num_agents,
+            "agents": list(self.agent_names),
+        }
 
     def _save_extra(self, output_dir: str, state_dict: dict) -> None:
         """Save critics / reward models beside the agents; nothing here."""
