@@ -160,7 +160,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 step_times.append(time.perf_counter() - state["t0"])
                 step_cpu.append(time.process_time() - state["c0"])
             if s.global_step == warm:  # steady state from here: reset the trainer's phase timers
-                holder["trainer"]._timings.clear()
+                holder["trainer"]._metrics.timings.clear()
                 state["phase"] = "steady"
 
     t0 = time.perf_counter()
@@ -208,7 +208,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     if n != args.steps:
         raise RuntimeError(f"{label(cfg)}: timed {n} steps, expected {args.steps}")
     total = sum(step_times)
-    phases = {k: trainer._timings.get(k, 0.0) / n for k in PHASES[:-1]}
+    phases = {k: trainer._metrics.timings.get(k, 0.0) / n for k in PHASES[:-1]}
     phases["other"] = total / n - sum(phases.values())
     steady = acc["steady"]
     result: dict[str, Any] = {

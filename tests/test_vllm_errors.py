@@ -66,7 +66,10 @@ def test_trainer_fails_before_loading_any_model(monkeypatch, make_args, items):
         ({"vllm_gpu_memory_utilization": 0.0}, r"vllm_gpu_memory_utilization must be in \(0, 1\]"),
         ({"vllm_tensor_parallel_size": 2}, r"vllm_tensor_parallel_size must be 1"),
         ({"vllm_model_impl": "jax"}, r"vllm_model_impl must be"),
-        ({"vllm_max_model_length": 8, "max_new_tokens": 8}, r"vllm_max_model_length \(8\) must exceed max_new_tokens"),
+        (
+            {"vllm_max_model_length": 8, "max_completion_length": 8},
+            r"vllm_max_model_length \(8\) must exceed max_completion_length",
+        ),
         ({"parallel_training": "mp", "agent_devices": ["cpu"]}, r"does not support parallel_training='mp'"),
     ],
 )

@@ -409,12 +409,24 @@ class _RoundCallback(TrainerCallback):
 class IterativeMixin:
     """Rounds, the comparator, the replay buffer, round files, policy history and round checkpoints."""
 
-    def __init__(self, *args, comparator: Any = None, replay_mode: Any = None, **kwargs):
+    def __init__(
+        self,
+        model=None,
+        reward_funcs=None,
+        args=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        *,
+        comparator: Any = None,
+        replay_mode: Any = None,
+        **kwargs,
+    ):
         """`comparator=` / `replay_mode=`: a registered plugin name (instead of the config's `comparator_policy` /
         `preference_replay_mode`) or a ready instance (a notebook user's own object; see docs/plugins.md)."""
-        cfg = kwargs["args"] = self._checked_args(kwargs.get("args"))
-        self._init_iterative(cfg, comparator, replay_mode)  # their errors come before any model loads
-        super().__init__(*args, **kwargs)
+        args = self._checked_args(args)
+        self._init_iterative(args, comparator, replay_mode)  # their errors come before any model loads
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, **kwargs)
         self._post_init_iterative()
 
     def _init_iterative(self, args, comparator: Any = None, replay_mode: Any = None) -> None:
