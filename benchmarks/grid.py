@@ -168,7 +168,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     init_s = time.perf_counter() - t0
     holder["trainer"] = trainer
 
-    generate = trainer.generate
+    generate = trainer.generation.generate
 
     def timed_generate(prompts_per_agent, num_generations):
         t = time.perf_counter()
@@ -178,7 +178,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         a["tokens"] += sum(c.numel() for o in out for c in o.completion_ids)
         return out
 
-    trainer.generate = timed_generate
+    trainer.generation.generate = timed_generate
     for engine in {id(e): e for e in (trainer.rollout_engine, trainer.train_rollout_engine)}.values():
 
         def timed_run(items, *a, _run=engine.run, **k):

@@ -63,6 +63,11 @@ class HFGeneration(GenerationEngine):
         self.parallel_agents = parallel_agents
 
     @property
+    def team(self) -> nn.Module:
+        """The team module, unwrapped from the engine the accelerator built."""
+        return self.accelerator.unwrap_model(self._team())
+
+    @property
     def zero3(self) -> bool:
         return is_zero3(self.accelerator)
 

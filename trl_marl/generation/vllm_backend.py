@@ -312,8 +312,7 @@ class VLLMTeamGeneration(GenerationEngine):
 
     @property
     def team(self) -> nn.Module:
-        """The team module (unwrapped from the engine the accelerator built)."""
-        return self.accelerator.unwrap_model(self.transformers._team())
+        return self.transformers.team
 
     @property
     def collective(self) -> bool:
