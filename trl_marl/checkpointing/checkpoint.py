@@ -394,13 +394,14 @@ RESUME_STATE_FILE = "trl_marl_state_rank{rank}.pt"
 TRUSTED_ENV = "TRL_MARL_TRUSTED_CHECKPOINTS"
 
 
-def save_checkpoint_atomically(trainer, trial=None) -> str:
+def save_checkpoint_atomically(trainer, trial=None, identity: dict | None = None) -> str:
     """`transformers.Trainer._save_checkpoint`, made crash-safe (see the module docstring).
 
     Reuses the Trainer's own pieces (`save_model`, `_save_optimizer_and_scheduler`, `_save_scaler`,
     `_save_rng_state`, `TrainerState.save_to_json`, `rotate_checkpoints`) in the same order, into the staging folder;
     adds each process's resume state (`trainer._resume_state()`) and the trainer's `_save_checkpoint_extra(folder)`;
-    commits (fsync, marker, rename); only then pushes and rotates. Returns the final folder.
+    commits (fsync, marker with every file's SHA-256 and the writer's `identity`, rename); only then pushes and
+    rotates. Returns the final folder.
     """
     from transformers.trainer_utils import rotate_checkpoints
 
@@ -425,7 +426,7 @@ def save_checkpoint_atomically(trainer, trial=None) -> str:
             syncer.submit_new()
             trainer._save_rng_state(staging)
             write_point("rng")
-        _save_rest(trainer, staging, final, syncer)
+        _save_rest(trainer, staging, final, syncer, identity)
     except BaseException:
         syncer.abandon()
         raise
@@ -448,7 +449,7 @@ def save_checkpoint_atomically(trainer, trial=None) -> str:
     return final
 
 
-def _save_rest(trainer, staging: str, final: str, syncer: _Syncer) -> None:
+def _save_rest(trainer, staging: str, final: str, syncer: _Syncer, identity: dict | None) -> None:
     """The resume state, the trainer's extra files and the trainer state; then commit."""
     from transformers.trainer_callback import ExportableState
 
@@ -475,7 +476,7 @@ def _save_rest(trainer, staging: str, final: str, syncer: _Syncer) -> None:
         syncer.finish()  # this process's files (rng, resume state) are on disk before the main process commits
     trainer.accelerator.wait_for_everyone()
     if args.should_save:
-        commit_checkpoint(staging, final, state.global_step, syncer, identity=trainer.checkpoint_identity())
+        commit_checkpoint(staging, final, state.global_step, syncer, identity)
 
 
 def _atomic_torch_save(obj, path: str) -> None:

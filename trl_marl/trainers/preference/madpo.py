@@ -31,8 +31,9 @@ from transformers.trainer_utils import TrainOutput
 
 from trl_marl.algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
 from trl_marl.data_types.rng import keyed_rng
-from trl_marl.trainers.base import MultiAgentTrainer, _identity_collate
+from trl_marl.trainers.base import MultiAgentTrainer
 from trl_marl.trainers.config import MultiAgentConfig
+from trl_marl.trainers.data import identity_collate
 from trl_marl.trainers.preference.data_parallel import (
     EpochDataLoader,
     GlobalBatchSampler,
@@ -244,9 +245,9 @@ class PreferenceCollectionMixin:
             p.winner_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.winner_ids)]
             p.loser_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.loser_ids)]
 
-    def _setup_preference(self, args, reward_func, formatters, agents, adapter):
+    def _setup_roles(self, model, args, reward_func, formatters):
         """The preference part's state, set before the models load; in centralized mode, (args, reward, formatters)
-        rewritten for one model writing every role."""
+        rewritten for one model writing every role (the adapter given as `adapter=`, `self.adapter`)."""
         self.num_roles = args.num_agents
         self._centralized_reward = None
         self._chat_known = False  # whether `_chat_prompts` is known (`pair_from_record` renders one item first)
@@ -254,10 +255,10 @@ class PreferenceCollectionMixin:
             return args, reward_func, formatters
         from trl_marl.rollout.centralized import centralized_setup
 
-        if agents is not None:
-            raise ValueError("collaboration_mode='centralized' trains ONE model: pass agent_model, not agents")
+        if isinstance(model, (list, tuple)):
+            raise ValueError("collaboration_mode='centralized' trains ONE model: pass one model id / path, not a list")
         args, reward_func, formatters, self._centralized_reward, self.adapter = centralized_setup(
-            args, reward_func, formatters, adapter
+            args, reward_func, formatters, self.adapter
         )
         return args, reward_func, formatters
 
@@ -344,21 +345,21 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
 
     def __init__(
         self,
-        agent_model=None,
-        agents=None,
-        reward_func=None,
+        model=None,
+        reward_funcs=None,
         args: MADPOConfig | None = None,
-        formatters=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        *,
         adapter=None,
         preference_pairs: Any = None,
         ref_model=None,
         **kwargs,
     ):
         args = self._checked_args(args)
-        args, reward_func, formatters = self._setup_preference(args, reward_func, formatters, agents, adapter)
-        super().__init__(
-            agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
-        )
+        self.adapter = adapter  # the roles' adapter in centralized mode (`_setup_roles`)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, **kwargs)
         self.pairs: list[PreferencePair] | None = self._accept_pairs(preference_pairs)
         self.ref_models = self._load_ref_models(ref_model)
         if self.ref_models is None and args.precompute_ref_log_probs and not self._precompute_from_initial_agents:
@@ -424,7 +425,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
             acc.num_processes,
             self.args.seed,
         )
-        return EpochDataLoader(range(len(self.pairs)), batch_sampler=sampler, collate_fn=_identity_collate)
+        return EpochDataLoader(range(len(self.pairs)), batch_sampler=sampler, collate_fn=identity_collate)
 
     def _prepare_inputs(self, batch):
         return {"pairs": [self.pairs[i] for i in batch]}
@@ -473,7 +474,9 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         forward per agent over the winners and losers of the batch together (TRL's concatenated forward,
         `PreferenceBatch.token_logps`, run through the team so the engine wrapping it sees the forward)."""
         batches = self._agent_pair_batches(pairs)
-        token_logps = model(batches)
+        out = model(batches)
+        self._metrics.record_entropy(out["entropy"])  # the loss's forward (with gradients) reports it
+        token_logps = out["logprobs"]
         chosen, rejected, lw, ll = [], [], [], []
         device = token_logps[0].device
         for logp, batch in zip(token_logps, batches):

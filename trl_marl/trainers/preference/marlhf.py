@@ -196,11 +196,13 @@ class _MARLHFMixin(PreferenceCollectionMixin):
 
     def __init__(
         self,
-        agent_model=None,
-        agents=None,
-        reward_func=None,
+        model=None,
+        reward_funcs=None,
         args=None,
-        formatters=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        *,
         reward_model: JointRewardModel | None = None,
         preference_pairs=None,
         adapter=None,
@@ -219,20 +221,9 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             )
         if reward_model is None and args.reward_model_path is not None:
             reward_model = JointRewardModel.load(args.reward_model_path, max_length=args.reward_max_length)
-        if reward_model is None and args.reward_model_name is None:
-            sources = [agent_model] if agents is None else list(agents)
-            if not isinstance(sources[0], (str, os.PathLike)) and not getattr(
-                getattr(sources[0], "config", None), "_name_or_path", ""
-            ):
-                raise ValueError(
-                    "reward_model_name is required when the agents are model objects without an id (the reward "
-                    "model's backbone is loaded from it)"
-                )
-        args, reward_func, formatters = self._setup_preference(args, reward_func, formatters, agents, adapter)
-        super().__init__(
-            agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
-        )
         self.reward_model = reward_model
+        self.adapter = adapter  # the roles' adapter in centralized mode (`_setup_roles`)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, **kwargs)
         if reward_model is not None:  # under ZeRO-3 / FSDP2: sharded like the reference models
             reward_model.prepare_for_scoring(self.accelerator, args.reward_model_device)
         self.pairs = self._accept_pairs(preference_pairs)
@@ -242,6 +233,18 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         self._reward_model_state: dict | None = None  # the gathered reward model while `save_model` writes it
         self._round_step = 0  # iterative: training steps taken in the current round
         self.rounds = RoundDriver(self, *round_plugins) if self.runs_rounds else None
+
+    def _setup_roles(self, model, args, reward_func, formatters):
+        if self.reward_model is None and args.reward_model_name is None:
+            source = model[0] if isinstance(model, (list, tuple)) else model
+            if not isinstance(source, (str, os.PathLike)) and not getattr(
+                getattr(source, "config", None), "_name_or_path", ""
+            ):
+                raise ValueError(
+                    "reward_model_name is required when the agents are model objects without an id (the reward "
+                    "model's backbone is loaded from it)"
+                )
+        return super()._setup_roles(model, args, reward_func, formatters)
 
     # ---- the learned reward ----
     def _learned_reward(self, *completions, batch_items=None) -> list[float]:
