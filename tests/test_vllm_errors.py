@@ -62,7 +62,16 @@ def test_trainer_fails_before_loading_any_model(monkeypatch, make_args, items):
     "overrides, message",
     [
         ({"vllm_mode": "remote"}, r"vllm_mode must be one of \['colocate', 'server'\], got 'remote'"),
-        ({"vllm_mode": "server"}, r"vllm_mode='server' is not supported yet"),
+        ({"use_vllm": "yes"}, r"use_vllm must be True, False or 'auto', got 'yes'"),
+        ({"use_vllm": "auto", "vllm_mode": "server"}, r"use_vllm='auto' chooses .* for vllm_mode='server' set use_vllm"),
+        (
+            {"vllm_mode": "server", "vllm_server_base_url": ["http://a:1", "http://b:2", "http://c:3"]},
+            r"vllm_server_base_url lists 3 URLs: give one .* or one per agent \(num_agents=2\)",
+        ),
+        ({"vllm_mode": "server", "vllm_server_base_url": "localhost:8000"}, r"must be http\(s\) URLs .*'localhost:8000'"),
+        ({"vllm_mode": "server", "vllm_server_port": 0}, r"vllm_server_port must be a port in 1..65535, got 0"),
+        ({"vllm_mode": "server", "vllm_group_port": 70000}, r"vllm_group_port must be a port in 1..65535"),
+        ({"vllm_mode": "server", "vllm_server_timeout": 0}, r"vllm_server_timeout must be > 0 seconds, got 0"),
         ({"vllm_gpu_memory_utilization": 0.0}, r"vllm_gpu_memory_utilization must be in \(0, 1\]"),
         ({"vllm_tensor_parallel_size": 2}, r"vllm_tensor_parallel_size must be 1"),
         ({"vllm_model_impl": "jax"}, r"vllm_model_impl must be"),
@@ -75,9 +84,41 @@ def test_trainer_fails_before_loading_any_model(monkeypatch, make_args, items):
 )
 def test_vllm_config_errors_name_the_field(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
-        MAGRPOConfig(output_dir=str(tmp_path), use_vllm=True, report_to="none", **overrides)
+        MAGRPOConfig(output_dir=str(tmp_path), report_to="none", **{"use_vllm": True, **overrides})
 
 
 def test_vllm_fields_are_unchecked_when_vllm_is_off(tmp_path):
     args = MAGRPOConfig(output_dir=str(tmp_path), vllm_mode="server", report_to="none")
     assert args.use_vllm is False and args.vllm_enable_lora is True
+
+
+def test_server_mode_and_auto_take_their_fields(tmp_path):
+    """TRL's server fields are config fields (TRL's defaults); server mode allows per-agent devices (nothing runs
+    vLLM in the training process); `auto` with them is not an error."""
+    args = MAGRPOConfig(
+        output_dir=str(tmp_path),
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
+        parallel_training="mp",
+        agent_devices=["cpu"],
+        report_to="none",
+    )
+    assert (args.vllm_server_host, args.vllm_server_port, args.vllm_server_timeout, args.vllm_group_port) == (
+        "0.0.0.0",
+        8000,
+        240.0,
+        51216,
+    )
+    auto = MAGRPOConfig(
+        output_dir=str(tmp_path), use_vllm="auto", parallel_training="mp", agent_devices=["cpu"], report_to="none"
+    )
+    assert auto.use_vllm == "auto"
+
+
+def test_use_vllm_auto_on_the_command_line():
+    from trl_marl.generation.choice import parse_use_vllm
+
+    assert [parse_use_vllm(v) for v in ("auto", "AUTO", "true", "false", "1")] == ["auto", "auto", True, False, True]
+    with pytest.raises(Exception, match="Truthy value expected"):
+        parse_use_vllm("maybe")

@@ -166,6 +166,8 @@ def parse_recipe_args(
 
     from trl import TrlParser
 
+    from trl_marl.generation.choice import parse_use_vllm
+
     if description is None:  # the calling recipe's module docstring
         description = sys._getframe(1).f_globals.get("__doc__") or ""
     parser_kwargs = dict(
@@ -175,7 +177,11 @@ def parse_recipe_args(
     )
 
     def parser():
-        return TrlParser((script_args_cls, config_cls), prog=prog, **parser_kwargs)
+        p = TrlParser((script_args_cls, config_cls), prog=prog, **parser_kwargs)
+        for action in p._actions:  # transformers reads a `bool | str` field as a bool: take "auto" too
+            if action.dest == "use_vllm":
+                action.type = parse_use_vllm
+        return p
 
     recipe_args, config, config_remaining, cli_remaining = parser().parse_args_and_config(
         args=argv, return_remaining_strings=True, separate_remaining_strings=True

@@ -1,11 +1,13 @@
 """Generation engines: how a trainer samples completions for its team.
 
 `GenerationEngine` is the interface a trainer calls (`generate`, `generate_with`); `HFGeneration` samples with
-transformers' `generate`, `trl_marl.generation.vllm_backend.VLLMTeamGeneration` with colocated vLLM engines. Importing
-this package never imports vLLM: the vLLM module loads it only when a trainer asks for it.
+transformers' `generate`, `trl_marl.generation.vllm_backend.VLLMTeamGeneration` with colocated vLLM engines,
+`trl_marl.generation.vllm_server_engine.VLLMServerGeneration` through `trl-marl vllm-serve` servers (no vLLM in the
+training process); `trl_marl.generation.choice` is the rule of `use_vllm="auto"`. Importing this package never imports
+vLLM: the vLLM module loads it only when a trainer asks for it.
 """
 
-from trl_marl.generation.engine import GenerationEngine, SamplingSettings
+from trl_marl.generation.engine import GenerationEngine, GenerationUnavailable, SamplingSettings
 from trl_marl.generation.hf import HFGeneration
 
-__all__ = ["GenerationEngine", "SamplingSettings", "HFGeneration"]
+__all__ = ["GenerationEngine", "GenerationUnavailable", "SamplingSettings", "HFGeneration"]

@@ -1,8 +1,9 @@
 """The generation-engine interface: how a trainer samples completions for its team.
 
 A trainer picks ONE engine when it is built (`trl_marl.generation.hf.HFGeneration`: transformers' `generate`; or
-`trl_marl.generation.vllm_backend.VLLMTeamGeneration`: colocated vLLM engines) and then calls it without knowing
-which: training rollouts, evaluation, pair collection and the comparators all go through `generate` /
+`trl_marl.generation.vllm_backend.VLLMTeamGeneration`: colocated vLLM engines; or
+`trl_marl.generation.vllm_server_engine.VLLMServerGeneration`: `trl-marl vllm-serve` servers) and then calls it without
+knowing which: training rollouts, evaluation, pair collection and the comparators all go through `generate` /
 `generate_with`. An engine gets what it needs when it is built (the accelerator, the team, the tokenizers and EOS ids,
 the sampling settings); it never imports a trainer.
 """
@@ -20,7 +21,12 @@ from torch import nn
 from trl_marl.data_types.rollout import GenerationOutput
 from trl_marl.data_types.text import PromptText
 
-__all__ = ["GenerationEngine", "SamplingSettings"]
+__all__ = ["GenerationEngine", "GenerationUnavailable", "SamplingSettings"]
+
+
+class GenerationUnavailable(RuntimeError):
+    """The engine cannot sample: the process it samples through (a vLLM server) did not answer after its retries.
+    A trainer saves a checkpoint at the step boundary before passing it on, as on preemption."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import httpx
 import torch
 from torch import nn
 
+from trl_marl.generation.engine import GenerationUnavailable
 from trl_marl.generation.vllm_protocol import (
     API_VERSION,
     GenerateRequest,
@@ -46,7 +47,7 @@ _HINT = (
 )
 
 
-class VLLMServerError(RuntimeError):
+class VLLMServerError(GenerationUnavailable):
     """A vLLM server did not answer, or refused a request. `url` is the server's, `agent` the 0-based team index
     the request was for (None: a request about the whole server), `status` the HTTP status when one came back."""
 

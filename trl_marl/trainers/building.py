@@ -1,9 +1,12 @@
 """How a trainer builds its team: the agents and their tokenizers, the frozen references of the KL penalty (and the
-penalty itself), and the optimizer's parameter groups (one per agent, at the agent's own learning rate)."""
+penalty itself), the generation engine it samples with, and the optimizer's parameter groups (one per agent, at the
+agent's own learning rate)."""
 
 from __future__ import annotations
 
 import copy
+import functools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,12 +19,15 @@ from trl_marl.algorithms.losses import k3_kl
 from trl_marl.data_types.rollout import Rollout
 from trl_marl.distributed.fsdp import is_fsdp2, shard_module
 from trl_marl.distributed.zero3 import zero3_frozen_copy, zero3_init_enabled
+from trl_marl.generation import GenerationEngine, HFGeneration, SamplingSettings
+from trl_marl.generation.choice import choose_backend
 from trl_marl.models.adapters import AdapterDisabled, build_shared_base, wrap_agents_with_peft
 from trl_marl.models.loading import load_agents, load_tokenizers
 from trl_marl.models.team import agent_token_logprobs
 
 __all__ = [
     "load_team_members",
+    "generation_engine",
     "place_agents",
     "reference_models",
     "set_kl_penalties",
@@ -63,6 +69,43 @@ def place_agents(team: nn.Module, devices: Sequence[str]) -> None:
     for agent, dev in zip(team.agents, devices):
         agent.to(dev)
     team.hf_device_map = {f"agents.{i}": d for i, d in enumerate(devices)}
+
+
+logger = logging.getLogger(__name__)
+
+
+def generation_engine(trainer: Any) -> GenerationEngine:
+    """The engine `trainer` samples with, picked once: transformers' `generate`; with `use_vllm=True` colocated vLLM
+    engines, or `trl-marl vllm-serve` servers (`vllm_mode="server"`); with `use_vllm="auto"` the faster of the first
+    two for the device and the model (`trl_marl.generation.choice`), logged with the reason and written back to
+    `args.use_vllm`."""
+    args = trainer.args
+    sampling, threaded = SamplingSettings.from_config(args), args.parallel_training == "mp"
+    engine = HFGeneration(
+        trainer.accelerator, lambda: trainer.model_wrapped, trainer.tokenizers, trainer.eos_ids, sampling, threaded
+    )
+    if args.use_vllm == "auto":
+        from trl_marl.generation.vllm_backend import check_vllm_available
+
+        try:
+            version = check_vllm_available()
+        except ImportError:
+            version = None
+        configs = [agent.config for agent in trainer.team.agents]
+        choice = choose_backend(args, configs, trainer.accelerator.device.type, version)
+        logger.info("use_vllm='auto': %s, because %s", "vLLM" if choice.use_vllm else "transformers", choice.reason)
+        args.use_vllm = choice.use_vllm
+    if not args.use_vllm:
+        return engine
+    record = functools.partial(trainer._metrics.add, "train")
+    policy_version = lambda: trainer.state.global_step  # noqa: E731
+    if args.vllm_mode == "server":
+        from trl_marl.generation.vllm_server_engine import VLLMServerGeneration
+
+        return VLLMServerGeneration(engine, args, policy_version, record)
+    from trl_marl.generation.vllm_backend import VLLMTeamGeneration
+
+    return VLLMTeamGeneration(engine, args, trainer.peft_config, policy_version, record)
 
 
 def reference_models(trainer: Any) -> list[nn.Module]:

@@ -24,7 +24,9 @@ from trl_marl.checkpointing.checkpoint import (
     PREEMPTED_EXIT_CODE,
     CheckpointError,
     PreemptionHandler,
+    checkpoint_status,
     is_staging_folder,
+    latest_complete_checkpoint,
     load_resume_state,
 )
 from trl_marl.checkpointing.checksums import write_folder_checksums
@@ -55,6 +57,7 @@ __all__ = [
     "load_rng_streams",
     "PreemptionCallback",
     "exit_preempted",
+    "save_after_generation_failure",
 ]
 
 logger = logging.getLogger(__name__)
@@ -271,3 +274,26 @@ def exit_preempted(trainer: Any) -> None:
         f"{trainer.args.output_dir}; resume with resume_from_checkpoint=True"
     )
     raise SystemExit(PREEMPTED_EXIT_CODE)
+
+
+def save_after_generation_failure(trainer: Any, error: BaseException) -> None:
+    """The generation engine stopped answering (a dead vLLM server) during `train()`: as on preemption, write the
+    checkpoint of the last optimizer step (unless it exists) and add to `error` where it is, for the caller to raise.
+
+    Only at an optimizer-step boundary (not between micro-steps of gradient accumulation) and in a one-process run
+    (the other processes may be inside a collective of the step and could not join the save); there the error names
+    the latest complete checkpoint instead, which a resumed run continues from (the steps after it run again).
+    """
+    args, step = trainer.args, trainer.state.global_step
+    folder = os.path.join(args.output_dir, f"checkpoint-{step}")
+    at_boundary = trainer._step % args.gradient_accumulation_steps == 0
+    if step > 0 and at_boundary and trainer.accelerator.num_processes == 1:
+        if checkpoint_status(folder) is not None:
+            trainer._save_checkpoint(trainer.model_wrapped, trial=None)
+        note = f"the run stopped after step {step}: {folder} holds it"
+    else:
+        latest = latest_complete_checkpoint(args.output_dir, warn=False)
+        note = f"the run stopped at step {step}; the latest checkpoint is {latest or 'none (nothing trained yet)'}"
+    note = f"trl_marl: {note}; restart the server, then resume with train(resume_from_checkpoint=True)"
+    logger.warning(note)
+    error.add_note(note)

@@ -91,11 +91,25 @@ class MultiAgentConfig(_BaseConfig):
         disable_dropout: disable dropout in the agents (as TRL's trainers do) so sampling and scoring agree.
         trace_dir: when set, every training step appends each agent's prompts, completions and rewards to
             `trace_dir/trace_rank{r}.jsonl` (one JSON record per joint action).
-        use_vllm: sample with vLLM instead of `model.generate` (TRL's name). The engines only sample: the loss's
-            log-probs stay computed by the training model, and the gap between vLLM's sampled log-probs and the
-            trainer's is logged as `sampling/sampling_logp_difference/{mean,max}`. See `docs/vllm.md`.
+        use_vllm: sample with vLLM instead of `model.generate` (TRL's name): True, False, or `"auto"` (colocated
+            engines where they were measured faster for the device and the model size, else `model.generate`; the
+            choice and why are logged, and `use_vllm` holds it once the trainer is built; `trl_marl.generation.choice`).
+            The engines only sample: the loss's log-probs stay computed by the training model, and the gap between
+            vLLM's sampled log-probs and the trainer's is logged as `sampling/sampling_logp_difference/{mean,max}`.
+            See `docs/vllm.md`.
         vllm_mode: `"colocate"` (the engines run inside the training process: one per agent, or ONE multi-LoRA
-            engine for a shared-base team) is supported; `"server"` (TRL's `trl vllm-serve`) is not yet.
+            engine for a shared-base team) or `"server"` (the team samples through `trl-marl vllm-serve` servers:
+            one for the team, or one per agent; weights, or only the adapters of a LoRA team, pushed after each
+            optimizer step).
+        vllm_server_base_url: server mode: the server's URL (wins over `vllm_server_host` / `vllm_server_port`), or a
+            list of one URL per agent (one server per agent).
+        vllm_server_host: server mode: the server's host when `vllm_server_base_url` is None.
+        vllm_server_port: server mode: the server's port when `vllm_server_base_url` is None.
+        vllm_server_timeout: server mode: seconds to wait for the servers to be ready, and for one request; a request
+            that fails is retried twice (1 s, 2 s backoff), then the run saves a checkpoint and stops with an error
+            naming the server and the agent.
+        vllm_group_port: TRL's port of its NCCL weight-update group; accepted for TRL configs and unused (weights
+            travel to `trl-marl vllm-serve` over HTTP).
         vllm_gpu_memory_utilization: fraction of the GPU memory each colocated engine may take (weights + KV cache);
             on a CPU build the KV cache size comes from the `VLLM_CPU_KVCACHE_SPACE` environment variable (GiB).
         vllm_enable_sleep_mode: put the engines to sleep (weights and KV cache released) between rollouts; weights
@@ -106,6 +120,11 @@ class MultiAgentConfig(_BaseConfig):
         vllm_enable_lora: with `share_base_model=True`, serve every agent from ONE engine as a LoRA request
             (mixed adapters in one `generate` call, adapters pushed after each step); False gives one engine per
             agent with the agent's adapter merged into the base weights. Ignored for other teams.
+        logprob_batch_size: rows of one agent scored by one forward pass (the loss's included): the rows are scored
+            in chunks of this many, every chunk but an agent's last recomputed in the backward (activation
+            checkpointing), so a step's activation peak is one chunk per agent. `None` sizes the chunks from a
+            memory budget of one agent's weights (at least 64 MiB): a batch within it is one forward, as without
+            chunks (`trl_marl.models.scoring`).
         reward_weights: with a list of `reward_funcs`: one weight per function (default 1 each), as in TRL's
             `GRPOConfig.reward_weights`; the team reward is the weighted sum.
         model_init_kwargs: keyword arguments for `from_pretrained` when the agents are given as ids (TRL's field),
@@ -166,6 +185,10 @@ class MultiAgentConfig(_BaseConfig):
     train_batch_size: int | None = field(
         default=None, metadata={"help": "Task items per training step (divides rollout_buffer_size); None = buffer."}
     )
+    logprob_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Rows of one agent scored per forward (chunks); None: sized from a memory budget."},
+    )
 
     # Reference KL
     reference_kl_enabled: bool = field(default=False, metadata={"help": "Penalise KL to the frozen initial agents."})
@@ -198,15 +221,29 @@ class MultiAgentConfig(_BaseConfig):
     )
 
     # vLLM generation (TRL's names; see trl_marl.generation.vllm_backend)
-    use_vllm: bool = field(
-        default=False, metadata={"help": "Sample with vLLM (colocated engines) instead of model.generate."}
+    # `bool | str`: True, False or "auto" (the command line's parser reads it with `trl_marl.generation.choice`)
+    use_vllm: bool | str = field(
+        default=False,
+        metadata={"help": "Sample with vLLM: true, false or auto (the faster backend for the device and model)."},
     )
     vllm_mode: str = field(
         default="colocate",
         metadata={
-            "help": "vLLM integration: 'colocate' ('server' is not supported yet).",
+            "help": "vLLM integration: 'colocate' (engines in the training process) or 'server' (trl-marl vllm-serve).",
             "choices": list(VLLM_MODES),
         },
+    )
+    vllm_server_base_url: list[str] | None = field(
+        default=None,
+        metadata={"help": "Server mode: the server's URL (wins over host and port), or one URL per agent."},
+    )
+    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Server mode: the server's host."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "Server mode: the server's port."})
+    vllm_server_timeout: float = field(
+        default=240.0, metadata={"help": "Server mode: seconds to wait for the servers, and for one request."}
+    )
+    vllm_group_port: int = field(
+        default=51216, metadata={"help": "TRL's NCCL weight-update port: accepted, unused (pushes go over HTTP)."}
     )
     vllm_gpu_memory_utilization: float = field(
         default=0.3, metadata={"help": "GPU memory fraction of each colocated vLLM engine."}
@@ -380,6 +417,8 @@ class MultiAgentConfig(_BaseConfig):
                 len(self.reference_devices) in (1, self.num_agents),
                 f"reference_devices has {len(self.reference_devices)} entries; give 1 or num_agents={self.num_agents}",
             )
+        lbs = self.logprob_batch_size
+        need(lbs is None or lbs >= 1, f"logprob_batch_size must be None (sized from memory) or >= 1, got {lbs}")
         need(self.eval_interval is None or self.eval_interval >= 1, "eval_interval must be None or >= 1")
         need(self.eval_num_samples is None or self.eval_num_samples >= 1, "eval_num_samples must be None or >= 1")
         if self.use_vllm:

@@ -58,11 +58,6 @@ TRL_CONFIG_SETTINGS: dict[str, str] = {
     "repetition_penalty": "not supported by this trainer (the MAGRPO family has it: MAGRPOConfig(repetition_penalty=...))",
     "cache_implementation": "not supported: generation uses transformers' default cache",
     "vllm_structured_outputs_regex": "not supported: vLLM structured outputs are not wired for a team",
-    "vllm_server_base_url": "vLLM server mode: see docs/vllm.md (use_vllm=True, vllm_mode='server')",
-    "vllm_server_host": "vLLM server mode: see docs/vllm.md (use_vllm=True, vllm_mode='server')",
-    "vllm_server_port": "vLLM server mode: see docs/vllm.md (use_vllm=True, vllm_mode='server')",
-    "vllm_server_timeout": "vLLM server mode: see docs/vllm.md (use_vllm=True, vllm_mode='server')",
-    "vllm_group_port": "vLLM server mode: see docs/vllm.md (use_vllm=True, vllm_mode='server')",
     "num_iterations": "on the MAGRPO family it is TRL's num_iterations (optimizer steps per generation); the "
     "iterative preference trainers count their rounds with num_rounds",
     "epsilon": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig(loss_type=..., epsilon=...)); MAPPO clips with "

@@ -1,0 +1,220 @@
+"""`use_vllm=True, vllm_mode="server"`: the team samples through `trl-marl vllm-serve` servers (no vLLM here).
+
+Servers (TRL's fields):
+
+- **one for the team**: `vllm_server_base_url` (one URL), else `http://{vllm_server_host}:{vllm_server_port}`; it
+  serves every agent, in the team's order (one engine per agent, or one multi-LoRA engine for a LoRA team);
+- **one per agent**: `vllm_server_base_url` a list of one URL per agent, each server serving one agent (agents on
+  different servers sample at the same time, one thread per server).
+
+A server's layout (`GET /info`) decides what is pushed (`VLLMServerClient.push_model`): every weight of the agent, a
+PEFT agent's adapter merged (`per_agent`), or only its LoRA adapter (`multi_lora`). Pushes are lazy, as colocated
+engines sync: before a sampling call, every agent is pushed when the trainer's `global_step` moved since the last
+push; otherwise one `GET /info` per server checks that it still holds what was pushed (same step, a version no older:
+a restarted server reports version 0) and pushes again where it does not. In a multi-process run every process pushes
+its (identical) weights, so no process waits on another; under ZeRO-3 / FSDP2 the decision is agreed first (the
+gather before a push is a collective).
+
+A server that does not answer: every request has the deadline `vllm_server_timeout` and is retried twice with
+exponential backoff (1 s, 2 s); then `VLLMServerError` (a `GenerationUnavailable`) names the server and the agent, and
+the trainer saves a checkpoint at the step boundary before passing it on (`trl_marl.trainers.checkpoints`).
+Retrying is safe: a request samples from its own seeds (`vllm_sampling`), and a push replaces the same weights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trl_marl.generation.vllm_client import VLLMServerClient
+from trl_marl.generation.vllm_sampling import SampledRow, VLLMSampling
+
+if TYPE_CHECKING:
+    from trl_marl.generation.hf import HFGeneration
+
+__all__ = ["VLLMServerGeneration", "server_urls"]
+
+
+def server_urls(args: Any) -> list[str]:
+    """The servers of a config: `vllm_server_base_url` (one URL, or a list of one per agent), else
+    `http://{vllm_server_host}:{vllm_server_port}`."""
+    urls = args.vllm_server_base_url
+    if urls is None:
+        return [f"http://{args.vllm_server_host}:{args.vllm_server_port}"]
+    return [urls] if isinstance(urls, str) else list(urls)
+
+
+class VLLMServerGeneration(VLLMSampling):
+    """Samples the team's agents through `trl-marl vllm-serve` (see the module docstring); other models (a
+    comparator's) sample with the transformers engine it wraps.
+
+    Args:
+        transformers_engine: the trainer's `HFGeneration`.
+        args: the trainer config (`vllm_server_*`, sampling settings, `logging_*`).
+        policy_version: returns the trainer's `global_step`; the agents are pushed again when it moved.
+        record_metric: `record_metric(name, value)` adds a training metric (the log-prob gap).
+        max_retries, backoff_base: the clients' retries of a failed request and the first retry's delay (seconds).
+
+    Attributes (for benchmarks): `startup_seconds` (waiting for the servers), `sync_seconds` / `num_syncs` (pushes),
+    `generate_seconds` (sampling requests), `gap_seconds` (the trainer-side scoring of the log-prob gap metric).
+    """
+
+    def __init__(
+        self,
+        transformers_engine: HFGeneration,
+        args: Any,
+        policy_version: Callable[[], int],
+        record_metric: Callable[[str, float], None],
+        *,
+        max_retries: int = 2,
+        backoff_base: float = 1.0,
+    ):
+        from trl.distributed import DistributedBackend
+
+        super().__init__(transformers_engine, args, policy_version, record_metric)
+        self._dist = DistributedBackend(self.accelerator)
+        urls, timeout = server_urls(args), float(args.vllm_server_timeout)
+        per_agent = len(urls) > 1
+        self.clients = [
+            VLLMServerClient(
+                url,
+                timeout=timeout,
+                max_retries=max_retries,
+                backoff_base=backoff_base,
+                agent_offset=k if per_agent else 0,
+                wait=False,
+            )
+            for k, url in enumerate(urls)
+        ]
+        # the version and step a server answered for this engine's last push of each agent; None: never pushed
+        self._pushed: list[tuple[int, int] | None] = [None] * self.num_agents
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        for client in self.clients:  # one budget for all servers: they load at the same time
+            client.wait_until_ready(max(1.0, deadline - time.monotonic()))
+        self.startup_seconds = time.perf_counter() - t0
+        self._check_servers()
+
+    def _client(self, agent: int) -> VLLMServerClient:
+        return self.clients[agent if len(self.clients) > 1 else 0]
+
+    def _served(self, agent: int, info: dict[str, Any]) -> dict[str, Any]:
+        """What a server's `/info` says of team agent `agent`."""
+        return info["agents"][agent - self._client(agent).agent_offset]
+
+    def _check_servers(self) -> None:
+        """Refuse servers that do not serve this team, naming the server, the agent and the fix."""
+        n, agents = self.num_agents, self.team.agents
+        if len(self.clients) > 1 and len(self.clients) != n:
+            raise ValueError(
+                f"vllm_server_base_url lists {len(self.clients)} servers: give one, or one per agent ({n})"
+            )
+        for client in self.clients:
+            served, wanted = client.info["num_agents"], 1 if len(self.clients) > 1 else n
+            if served != wanted:
+                what = "one server per agent" if wanted == 1 else "one server for the team"
+                raise ValueError(
+                    f"vLLM server {client.base_url} serves {served} agent(s); {what} must serve {wanted}: start it "
+                    f"with `trl-marl vllm-serve --num_agents {wanted}`"
+                )
+        for i, agent in enumerate(agents):
+            client = self._client(i)
+            entry = self._served(i, client.info)
+            vocab = _base_config(agent).vocab_size
+            if entry["vocab_size"] != vocab:
+                raise ValueError(
+                    f"vLLM server {client.base_url} (agent {i + 1}) serves {entry['model']} with vocab_size "
+                    f"{entry['vocab_size']}; agent {i + 1}'s model has {vocab}: start the server with the agent's model"
+                )
+            if entry["max_model_len"] <= self.args.max_completion_length:
+                raise ValueError(
+                    f"vLLM server {client.base_url} (agent {i + 1}) has max_model_len {entry['max_model_len']}, which "
+                    f"must exceed max_completion_length ({self.args.max_completion_length}): start it with a larger "
+                    "--max_model_len"
+                )
+            if client.info["layout"] == "multi_lora" and not _has_adapter(agent):
+                raise ValueError(
+                    f"vLLM server {client.base_url} serves a multi-LoRA team (--enable_lora) and agent {i + 1} has no "
+                    "LoRA adapter: train with peft_config, or start the server without --enable_lora"
+                )
+
+    # ------------------------------------------------------------------ weights
+    def _stale(self, step: int) -> list[bool]:
+        """Which agents a server does not hold at `step`: all of them when the step moved since the last push, else
+        those whose server no longer reports what was pushed (one `GET /info` per server)."""
+        if any(p is None or p[1] != step for p in self._pushed):
+            return [True] * self.num_agents
+        infos = [client.server_info() for client in self.clients]
+        stale = []
+        for i, (version, pushed_step) in enumerate(self._pushed):
+            entry = self._served(i, infos[self.clients.index(self._client(i))])
+            stale.append(not (entry["step"] == pushed_step and entry["version"] >= version))
+        return stale
+
+    def _ensure_current(self) -> None:
+        step = self._policy_version()
+        stale = self._stale(step)
+        if self.collective:  # the pushes gather sharded weights: every process pushes the same agents
+            flags = torch.tensor([float(s) for s in stale], device=self.accelerator.device)
+            stale = [bool(f > 0) for f in self.accelerator.reduce(flags, reduction="sum").tolist()]
+        if not any(stale):
+            return
+        t0 = time.perf_counter()
+        for i, agent in enumerate(self.team.agents):
+            if stale[i]:
+                answer = self._client(i).push_model(i, agent, step=step, dist=self._dist)
+                self._pushed[i] = (int(answer["version"]), step)
+        self.sync_seconds += time.perf_counter() - t0
+        self.num_syncs += 1
+
+    # ------------------------------------------------------------------ generation
+    def _sample(
+        self,
+        prompt_ids: list[list[list[int]]],
+        n: int,
+        greedy: bool,
+        logprobs: bool,
+        seeds: list[int | None],
+    ) -> list[list[SampledRow]]:
+        settings = self.sampling_settings(greedy)
+
+        def one(i: int) -> list[SampledRow]:
+            if not prompt_ids[i]:
+                return []
+            out = self._client(i).generate(
+                i,
+                prompt_ids[i],
+                n=n,
+                stop_token_ids=self.eos_ids[i],
+                seed=seeds[i],
+                logprobs=logprobs,
+                **settings,
+            )
+            lps = out.logprobs or [None] * len(out.completion_ids)
+            return list(zip(out.completion_ids, lps))
+
+        agents = range(len(prompt_ids))
+        if len(self.clients) == 1:  # one server: its engines take turns anyway
+            return [one(i) for i in agents]
+        with ThreadPoolExecutor(max_workers=len(self.clients), thread_name_prefix="vllm-server") as pool:
+            return list(pool.map(one, agents))
+
+    def close(self) -> None:
+        """Close the connections (the servers keep running)."""
+        for client in self.clients:
+            client.close()
+
+
+def _base_config(agent: Any) -> Any:
+    """The transformers config of an agent (an adapter view, a PEFT model or a plain model)."""
+    model = getattr(agent, "shared", agent)
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return model.config
+
+
+def _has_adapter(agent: Any) -> bool:
+    return hasattr(agent, "adapter") or hasattr(agent, "peft_config")
