@@ -9,6 +9,7 @@ process with no prompts decodes a discarded placeholder row, greedily, so it dra
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -28,6 +29,7 @@ from trl_marl.distributed.zero3 import hooks_removed, is_zero3
 from trl_marl.generation.engine import GenerationEngine, SamplingSettings
 from trl_marl.models.adapters import mixed_adapter_generate
 from trl_marl.models.loading import eos_token_ids
+from trl_marl.models.scoring import cache_argument, is_dynamic_cache
 
 __all__ = ["HFGeneration"]
 
@@ -234,17 +236,48 @@ def _generate(
 ) -> torch.Tensor:
     """The completion ids (on the CPU) of one `generate` call, the model in eval mode for it: transformers'
     generation is ~25% faster on small models than in train mode, and sampling must not depend on the train/eval
-    state anyway (dropout is disabled)."""
+    state anyway (dropout is disabled). Several samples per prompt share one prefill (`_shared_prefill`)."""
     was_training = model.training
     model.eval()
     try:
         device = next(model.parameters()).device
+        ids, mask = ids.to(device), mask.to(device)
+        kwargs: dict[str, Any] = {}
+        if config.num_return_sequences > 1 and ids.shape[1] > 1 and not synced:
+            kwargs = _shared_prefill(model, ids, mask, config.num_return_sequences)
+        if kwargs:
+            G = config.num_return_sequences
+            config = copy.copy(config)
+            config.num_return_sequences = 1
+            ids, mask = ids.repeat_interleave(G, dim=0), mask.repeat_interleave(G, dim=0)
         out = model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config, synced_gpus=synced
+            input_ids=ids, attention_mask=mask, generation_config=config, synced_gpus=synced, **kwargs
         )
         return out[:, ids.shape[1] :].cpu()
     finally:
         model.train(was_training)
+
+
+def _shared_prefill(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, G: int) -> dict[str, Any]:
+    """The KV cache of every prompt but its last token, computed once per prompt and repeated for its `G` samples
+    (transformers' `generate` with `num_return_sequences=G` repeats the prompts first and prefills each copy). Passed
+    to `generate` with the prompts repeated, it decodes from the last prompt token on: the same samples, for 1/G of
+    the prefill. Position ids as `generate` computes them for left-padded prompts. `{}` when the model's cache is not
+    transformers' dynamic cache (`generate` then prefills as usual)."""
+    position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    name = cache_argument()
+    out = model(
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=position_ids[:, :-1],
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = getattr(out, name, None)
+    if not is_dynamic_cache(cache):
+        return {}
+    cache.batch_repeat_interleave(G)
+    return {name: cache}
 
 
 def _decode(

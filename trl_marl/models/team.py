@@ -2,8 +2,9 @@
 
 `TeamModel` is ONE `nn.Module` holding every agent, so a single accelerate / DeepSpeed engine wraps the whole team
 (accelerate cannot hold several DeepSpeed engines in one process) and one optimizer holds a parameter group per agent.
-Its `forward` scores a batch of completions for every agent in one call: one masked forward pass per agent, returning
-the log-probs and, on the loss's forward (with gradients), each agent's token entropy.
+Its `forward` scores a batch of completions for every agent in one call (`trl_marl.models.scoring`: each prompt run
+once for its samples, the rows in chunks under a memory budget), returning the log-probs and, on the loss's forward
+(with gradients), each agent's token entropy.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from trl_marl.algorithms.logprobs import token_logprobs
 from trl_marl.data_types.batches import AgentBatch
 from trl_marl.models.loading import _name_or_path
+from trl_marl.models.scoring import chunk_plan, completion_logits, score_completions
 
 __all__ = ["TeamConfig", "TeamModel", "forward_completions", "masked_mean_entropy", "agent_token_logprobs"]
 
@@ -67,6 +69,9 @@ class TeamModel(nn.Module):
         # The sampling temperature the completions were drawn at: every log-prob of a sampled completion is taken on
         # logits / temperature (as TRL's GRPOTrainer does), so the gradient is that of the policy that sampled.
         self.temperature = 1.0
+        # Rows of one agent scored by one forward (`logprob_batch_size`); None: sized from a memory budget
+        # (`trl_marl.models.scoring.score_completions`).
+        self.logprob_batch_size: int | None = None
 
     @property
     def shared_base(self) -> bool:
@@ -135,8 +140,11 @@ class TeamModel(nn.Module):
     def forward(self, agent_batches: Sequence[AgentBatch | None]) -> dict[str, list]:
         """Per-token log-probabilities of each agent's completions, and their entropy.
 
-        `agent_batches[i]` is agent i's batch (or None to skip it). One forward pass per agent, for the whole batch.
-        A batch that is not an `AgentBatch` brings its own forward scheme: `batch.token_logps(agent, temperature,
+        `agent_batches[i]` is agent i's batch (or None to skip it), scored by `score_completions`: each prompt run
+        once for its samples, the rows in the chunks of `chunk_plan` (`logprob_batch_size` rows; None: the team's
+        batches as they are when their activations fit a memory budget, else as many rows as it holds), every
+        chunk but the team's last recomputed in the backward. A batch that is not an `AgentBatch` brings its own
+        forward scheme: `batch.token_logps(agent, temperature,
         return_entropy)` returning `(log-probs, per-token entropy or None)` with `batch.shift_completion_mask` over
         them (MADPO's TRL-layout preference batch).
 
@@ -151,13 +159,15 @@ class TeamModel(nn.Module):
         record = torch.is_grad_enabled()
         logps: list[torch.Tensor | None] = []
         entropies: list[float | None] = []
-        for agent, batch in zip(self.agents, agent_batches):
+        plain = [b if isinstance(b, AgentBatch) else None for b in agent_batches]
+        plan = chunk_plan(list(self.agents), plain, self.logprob_batch_size)
+        for agent, batch, chunks in zip(self.agents, agent_batches, plan):
             if batch is None:
                 logps.append(None)
                 entropies.append(None)
                 continue
             if isinstance(batch, AgentBatch):
-                _, logp, *entropy = forward_completions(agent, batch, self.temperature, return_entropy=record)
+                logp, *entropy = score_completions(agent, batch, self.temperature, record, *chunks)
                 mask = batch.completion_mask
             else:
                 logp, *entropy = batch.token_logps(agent, self.temperature, return_entropy=record)
@@ -182,19 +192,24 @@ def forward_completions(
     of the same tempered logits, computed without gradient from the logits this forward already produced.
     Position ids follow the attention mask (as `generate` computes them for left-padded prompts), so the scores
     match what the policy sampled. Only the last `C + 1` positions' logits are materialised (`logits_to_keep`).
+    Without `output_hidden_states` the model output is None and each prompt runs once for its samples
+    (`trl_marl.models.scoring.completion_logits`).
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
-    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=batch.num_completion_tokens + 1,
-        use_cache=False,
-        output_hidden_states=output_hidden_states,
-    )
-    logits = out.logits[:, :-1, :]  # prediction for each completion token
+    if output_hidden_states:
+        position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=batch.num_completion_tokens + 1,
+            use_cache=False,
+            output_hidden_states=True,
+        )
+        logits = out.logits[:, :-1, :]  # prediction for each completion token
+    else:
+        out, logits = None, completion_logits(model, batch)
     logits = logits.float() if logits.dtype != torch.float32 else logits
     logp = token_logprobs(logits, batch.completion_ids, temperature)
     if not return_entropy:
@@ -212,7 +227,9 @@ def masked_mean_entropy(token_entropy: torch.Tensor, completion_mask: torch.Tens
     return float((token_entropy * mask).sum() / mask.sum().clamp(min=1.0))
 
 
-def agent_token_logprobs(model: nn.Module, batch: AgentBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Completion-token log-probs `(B, C)` of `log_softmax(logits / temperature)` from one forward pass over
-    `[prompt | completion]` (`forward_completions`)."""
-    return forward_completions(model, batch, temperature)[1]
+def agent_token_logprobs(
+    model: nn.Module, batch: AgentBatch, temperature: float = 1.0, rows: int | None = None
+) -> torch.Tensor:
+    """Completion-token log-probs `(B, C)` of `log_softmax(logits / temperature)` (`score_completions`: each prompt
+    run once for its samples, the rows in chunks of `rows`, None: as many as a memory budget holds)."""
+    return score_completions(model, batch, temperature, rows=rows)[0]

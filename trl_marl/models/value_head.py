@@ -28,6 +28,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from trl_marl.data_types.batches import AgentBatch, CriticBatch
+from trl_marl.models.scoring import score_completions
 from trl_marl.models.team import TeamModel, forward_completions, masked_mean_entropy
 
 __all__ = [
@@ -299,8 +300,8 @@ class ActorCriticTeam(TeamModel):
             if batch is None:
                 res = (None, None)
             elif self.value_heads is None:
-                res = forward_completions(agent, batch, T, return_entropy=record)[1:]
-                res = (res[0], None, *res[1:])
+                logp, entropy = score_completions(agent, batch, T, record, self.logprob_batch_size)
+                res = (logp, None, entropy)
             else:
                 res = agent_logprobs_and_values(agent, self.value_heads[i], batch, self.critic_type, T, record)
             logprobs.append(res[0])

@@ -10,7 +10,6 @@ reward (`evaluation`), and the team folders and resume state of checkpoints (`ch
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -39,7 +38,7 @@ from trl_marl.data_types.text import UNKNOWN_EOS, PromptText
 from trl_marl.distributed.fsdp import enable_fsdp_on_cpu, is_fsdp2, shard_team
 from trl_marl.distributed.memory import return_freed_tensors_to_os
 from trl_marl.distributed.zero3 import fill_bucket_sizes, zero3_init_flag_honoured
-from trl_marl.generation import GenerationEngine, HFGeneration, SamplingSettings
+from trl_marl.generation import GenerationUnavailable
 from trl_marl.hub import init_trainer_repos, push_trainer, push_trainer_checkpoint, write_trainer_cards
 from trl_marl.models.loading import completion_token_ids, ended_with_eos, eos_token_ids
 from trl_marl.models.team import TeamModel
@@ -160,8 +159,8 @@ class MultiAgentTrainer(_BaseTrainer):
         if args.share_base_model:
             arguments.check_shared_base(model, args, peft_config, type(self).__name__, self.supports_shared_base)
         self._check_config(args)
-        if args.use_vllm:  # before any model loads: a clear error when vLLM is missing or unsupported
-            from trl_marl.generation.vllm_backend import check_vllm_available
+        if args.use_vllm is True and args.vllm_mode == "colocate":  # before any model loads: a clear error when
+            from trl_marl.generation.vllm_backend import check_vllm_available  # vLLM is missing or unsupported
 
             check_vllm_available()
         if wandb_config:
@@ -186,6 +185,7 @@ class MultiAgentTrainer(_BaseTrainer):
             else:
                 team = TeamModel(models, names, shared=shared)
         team.temperature = args.temperature  # log-probs of sampled completions are taken on logits / temperature
+        team.logprob_batch_size = args.logprob_batch_size  # rows per scoring forward (trl_marl.models.scoring)
         if args.parallel_training == "mp":
             building.place_agents(team, args.agent_devices)
         self.agent_names = names
@@ -226,7 +226,7 @@ class MultiAgentTrainer(_BaseTrainer):
         self._preemption = PreemptionHandler()
         self._restored_from: str | None = None
         self.add_callback(checkpoints.PreemptionCallback(self._preemption, self.accelerator))
-        self.generation = self._generation_engine()
+        self.generation = building.generation_engine(self)
         # ZeRO-3 / FSDP2: generation gathers each agent (a collective): every process runs every turn (`synced`)
         self.rollout_engine = JointRollout.from_config(
             args, self.formatters, self._render, reward, external_transition, synced=self.generation.collective
@@ -242,21 +242,6 @@ class MultiAgentTrainer(_BaseTrainer):
         super().create_accelerator_and_postprocess()
         if enable_fsdp_on_cpu(self.accelerator):  # FSDP2 over gloo on a CPU-only machine (trl_marl.distributed.fsdp)
             self.is_fsdp_enabled = True
-
-    def _generation_engine(self) -> GenerationEngine:
-        """The engine this trainer samples with, picked once: vLLM's colocated engines with `use_vllm`, else
-        transformers' `generate`."""
-        args = self.args
-        sampling, threaded = SamplingSettings.from_config(args), args.parallel_training == "mp"
-        engine = HFGeneration(
-            self.accelerator, lambda: self.model_wrapped, self.tokenizers, self.eos_ids, sampling, threaded
-        )
-        if not args.use_vllm:
-            return engine
-        from trl_marl.generation.vllm_backend import VLLMTeamGeneration
-
-        record = functools.partial(self._metrics.add, "train")
-        return VLLMTeamGeneration(engine, args, self.peft_config, lambda: self.state.global_step, record)
 
     # ------------------------------------------------------------------ hooks for subclasses
     def _setup_roles(
@@ -512,11 +497,16 @@ class MultiAgentTrainer(_BaseTrainer):
         """`Trainer.train`, plus: `resume_from_checkpoint=True` resumes from the latest COMPLETE checkpoint (an
         incomplete one is skipped with a warning naming it), the step inside the rollout, the buffered rollout,
         `env_step` and every random stream are restored (exact resume), and SIGTERM / SIGUSR1 finish the current
-        optimizer step, write a checkpoint and exit with status `PREEMPTED_EXIT_CODE` (75)."""
+        optimizer step, write a checkpoint and exit with status `PREEMPTED_EXIT_CODE` (75). A generation engine that
+        stops answering (`GenerationUnavailable`: a dead vLLM server) gets a checkpoint at the step boundary before
+        its error is raised (`checkpoints.save_after_generation_failure`)."""
         checkpoint = self._restore_for_resume(resume_from_checkpoint)
         self._preemption.install()
         try:
             out = super().train(checkpoint, *args, **kwargs)
+        except GenerationUnavailable as exc:  # a dead vLLM server: a checkpoint at the step boundary, as preemption
+            checkpoints.save_after_generation_failure(self, exc)
+            raise
         finally:
             self._preemption.uninstall()
         if self._preemption.stop_now:

@@ -1,0 +1,253 @@
+"""Scoring completions (their per-token log-probs under an agent): the prompt run once for all its samples, and the
+rows scored in chunks under a memory budget.
+
+**Shared prompts.** The G samples of a prompt share its tokens: in a batch laid out as `samples_of_agent` orders it,
+consecutive rows with the same prompt form a group. The prompt is run once per group with transformers' KV cache
+(`use_cache=True`), its keys and values are repeated for the group's rows (`Cache.batch_repeat_interleave`: a
+differentiable copy, so the gradient of every row flows back into the one prompt forward), and only the completion
+tokens run per row, attending to the repeated cache. The log-probs are those of one forward over
+`[prompt | completion]` per row (up to float rounding: the same math on other shapes); the prompt's compute and
+activations shrink by the group size (with G=4, 23 prompt and 16 completion tokens: 44% fewer tokens per forward).
+Not used under activation checkpointing (transformers turns the cache off there), when a caller needs the hidden
+states (value heads), or with a cache other than transformers' dynamic one.
+
+**Chunks.** Without a limit one agent's whole batch is one forward, and its graph is kept until the backward: every
+agent's graph at once, the peak of a step. `score_completions` cuts the rows into chunks of `rows` rows
+(`logprob_batch_size`); every chunk but the last runs under non-reentrant activation checkpointing
+(`torch.utils.checkpoint`): its forward keeps only its inputs and log-probs, and the backward recomputes its graph,
+one chunk at a time. The peak transient is one chunk's graph instead of every agent's, for one more forward of the
+checkpointed chunks. Without gradients (reference and gap scoring) chunks simply run one after another. The
+automatic size (`rows=None`) keeps a chunk's activations within `budget_bytes`: one agent's weights, at least 64 MiB,
+by the first-order activation formula of `trl_marl.distributed.memory` (a batch within the budget is one chunk, as
+before).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from trl_marl.algorithms.logprobs import token_logprobs
+from trl_marl.data_types.batches import AgentBatch
+
+__all__ = [
+    "MIN_BUDGET_BYTES",
+    "budget_bytes",
+    "cache_argument",
+    "chunk_plan",
+    "is_dynamic_cache",
+    "completion_logits",
+    "prompt_groups",
+    "row_activation_bytes",
+    "score_completions",
+]
+
+MIN_BUDGET_BYTES = 64 * 2**20
+
+
+def prompt_groups(batch: AgentBatch) -> torch.Tensor:
+    """The sizes of the runs of consecutive rows with the same prompt (tokens and padding), in row order."""
+    P = batch.input_ids.shape[1] - batch.num_completion_tokens
+    prompts = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)
+    starts = torch.ones(prompts.shape[0], dtype=torch.bool, device=prompts.device)
+    starts[1:] = (prompts[1:] != prompts[:-1]).any(dim=1)
+    first = torch.nonzero(starts).flatten()
+    ends = torch.cat([first[1:], torch.tensor([prompts.shape[0]], device=first.device)])
+    return ends - first
+
+
+@functools.cache
+def cache_argument() -> str:
+    """The name transformers gives the KV cache, as a model argument and output field: `cache` from transformers 5.24
+    on (which warns on the older name), `past_key_values` before."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def is_dynamic_cache(cache: Any) -> bool:
+    """Whether `cache` is transformers' dynamic cache of plain (or sliding-window) attention layers, whose batch
+    dimension can be repeated."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    return isinstance(cache, DynamicCache) and all(isinstance(layer, DynamicLayer) for layer in cache.layers)
+
+
+def _activation_checkpointing(model: nn.Module) -> bool:
+    value = getattr(model, "is_activation_checkpointing", None)
+    if value is None:
+        value = getattr(model, "is_gradient_checkpointing", False)
+    return bool(value) and model.training
+
+
+def completion_logits(model: nn.Module, batch: AgentBatch) -> torch.Tensor:
+    """`(B, C, V)` logits predicting each completion token (position t of a row predicts its completion token t), from
+    one forward over `[prompt | completion]`, or with each group's prompt run once (module docstring). `batch` must be
+    on the model's device. Position ids follow the attention mask (as `generate` computes them for left-padded
+    prompts), so the scores match what the policy sampled."""
+    C = batch.num_completion_tokens
+    P = batch.input_ids.shape[1] - C
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    counts = prompt_groups(batch)
+    if len(counts) < batch.input_ids.shape[0] and not _activation_checkpointing(model):
+        first = torch.cumsum(counts, 0) - counts
+        prompt = model(
+            input_ids=batch.input_ids[first, :P],
+            attention_mask=batch.attention_mask[first, :P],
+            position_ids=position_ids[first, :P],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = getattr(prompt, cache_argument(), None)
+        if is_dynamic_cache(cache):
+            cache.batch_repeat_interleave(counts)
+            out = model(
+                input_ids=batch.input_ids[:, P:],
+                attention_mask=batch.attention_mask,
+                position_ids=position_ids[:, P:],
+                use_cache=True,
+                logits_to_keep=C,
+                **{cache_argument(): cache},
+            )
+            return torch.cat([prompt.logits.repeat_interleave(counts, dim=0), out.logits[:, :-1]], dim=1)
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=C + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1, :]
+
+
+def _score(model: nn.Module, batch: AgentBatch, temperature: float, entropy: bool):
+    """`(log-probs (B, C), token entropies (B, C) or None)` of one forward (`completion_logits`)."""
+    logits = completion_logits(model, batch)
+    logits = logits.float() if logits.dtype != torch.float32 else logits
+    logp = token_logprobs(logits, batch.completion_ids, temperature)
+    if not entropy:
+        return logp, None
+    from trl.trainer.utils import entropy_from_logits  # TRL's chunked entropy, as GRPOTrainer logs it
+
+    with torch.no_grad():
+        return logp, entropy_from_logits(logits.detach() / temperature)
+
+
+def budget_bytes(model: nn.Module) -> int:
+    """The automatic activation budget of a team's loss forward: four times the agent's weights (in fp32, about its
+    weights, gradients and two AdamW moments: activations stay at most the size of the training state; the full
+    size under ZeRO-3, whose partitioned parameters report `ds_numel`), at least `MIN_BUDGET_BYTES`."""
+    size = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in model.parameters())
+    return max(4 * int(size), MIN_BUDGET_BYTES)
+
+
+def row_activation_bytes(config: Any, tokens: float, sequence: int, completion: int, element_size: int) -> int:
+    """Activations one row keeps for the backward when it runs `tokens` tokens of a `sequence`-token sequence
+    (`completion` of them scored): per decoder layer and token `34 h + 5 a s` bytes in 16-bit (Korthikanti et al.
+    2022, scaled by `element_size / 2`), plus the fp32 logits and log-softmax of the completion positions
+    (`trl_marl.distributed.memory`'s formula, for one row)."""
+    h, a = config.hidden_size, config.num_attention_heads
+    per_token = config.num_hidden_layers * (34 * h + 5 * a * sequence) * element_size / 2
+    return int(tokens * per_token) + 2 * (completion + 1) * config.vocab_size * 4
+
+
+def _per_row(model: nn.Module, batch: AgentBatch) -> tuple[int, int] | None:
+    """(activation bytes per row, rows per prompt group) of `batch`, each row counting its completion and its share of
+    its group's prompt; None for a model without a decoder config."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_hidden_layers"):
+        return None
+    B, C = batch.input_ids.shape[0], batch.num_completion_tokens
+    P = batch.input_ids.shape[1] - C
+    groups = len(prompt_groups(batch))
+    element = next(model.parameters()).element_size()
+    return max(row_activation_bytes(config, C + P * groups / B, P + C, C, element), 1), B // groups
+
+
+def chunk_plan(
+    models: list[nn.Module], batches: list[AgentBatch | None], rows: int | None = None
+) -> list[tuple[int, bool] | None]:
+    """How a team's loss forward scores each agent's batch: `(rows per chunk, keep its last chunk)` per agent (None
+    for a skipped agent). Every chunk is recomputed in the backward (checkpointed) except the team's last one, so the
+    forward keeps one chunk's graph, not every agent's.
+
+    `rows` (`logprob_batch_size`) sets the chunk size. `None`: when the estimated activations of every agent's batch
+    together fit `budget_bytes` (of the largest agent), each agent is one forward and nothing is recomputed (as
+    without chunks); above it, chunks of as many rows as the budget holds (a multiple of the prompt groups' size when
+    one fits)."""
+    scored = [i for i, b in enumerate(batches) if b is not None]
+    plan: list[tuple[int, bool] | None] = [None] * len(batches)
+    if rows is None:
+        estimates = {i: _per_row(models[i], batches[i]) for i in scored}
+        if any(e is None for e in estimates.values()):
+            return [None if b is None else (b.input_ids.shape[0], True) for b in batches]
+        total = sum(estimates[i][0] * batches[i].input_ids.shape[0] for i in scored)
+        budget = max((budget_bytes(models[i]) for i in scored), default=MIN_BUDGET_BYTES)
+        if total <= budget:
+            return [None if b is None else (b.input_ids.shape[0], True) for b in batches]
+    for i in scored:
+        B = batches[i].input_ids.shape[0]
+        if rows is None:
+            per_row, group = estimates[i]
+            size = max(1, budget // per_row)
+            size = size if size >= B or size < group else size - size % group
+        else:
+            size = rows
+        plan[i] = (min(size, B), i == scored[-1])
+    return plan
+
+
+def _rows(batch: AgentBatch, start: int, stop: int) -> AgentBatch:
+    """Rows `start:stop` of `batch`, without the columns that are padding in all of them."""
+    C = batch.num_completion_tokens
+    mask = batch.attention_mask[start:stop]
+    P = mask.shape[1] - C
+    used_prompt = mask[:, :P].any(dim=0).nonzero()
+    first = int(used_prompt[0]) if used_prompt.numel() else P - 1
+    c = max(int(batch.completion_mask[start:stop].sum(dim=1).max()), 1)
+    cols = slice(first, P + c)
+    return AgentBatch(
+        batch.input_ids[start:stop, cols],
+        mask[:, cols],
+        batch.completion_ids[start:stop, :c],
+        batch.completion_mask[start:stop, :c],
+    )
+
+
+def score_completions(
+    model: nn.Module,
+    batch: AgentBatch,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    rows: int | None = None,
+    keep_last: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs `(B, C)` of `log_softmax(logits / temperature)` at the completion tokens of `batch`, and
+    with `return_entropy` the `(B, C)` token entropies (detached; else None), scored in chunks of `rows` rows (None:
+    the plan of `chunk_plan` for this one agent). With gradients every chunk is checkpointed except the last one
+    when `keep_last` (see the module docstring). Entries past a row's completion are 0."""
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    B, C = batch.input_ids.shape[0], batch.num_completion_tokens
+    if rows is None:
+        rows, keep_last = chunk_plan([model], [batch])[0]
+    if rows >= B and keep_last:
+        return _score(model, batch, temperature, return_entropy)
+    logps, entropies = [], []
+    starts = list(range(0, B, rows))
+    for k, start in enumerate(starts):
+        chunk = _rows(batch, start, min(start + rows, B))
+        kept = keep_last and k == len(starts) - 1  # the backward needs the last chunk's graph first
+        if torch.is_grad_enabled() and not kept:
+            logp, ent = checkpoint(_score, model, chunk, temperature, return_entropy, use_reentrant=False)
+        else:
+            logp, ent = _score(model, chunk, temperature, return_entropy)
+        pad = (0, C - logp.shape[1])
+        logps.append(nn.functional.pad(logp, pad))
+        if ent is not None:
+            entropies.append(nn.functional.pad(ent, pad))
+    return torch.cat(logps), (torch.cat(entropies) if return_entropy else None)
