@@ -41,7 +41,9 @@ from trl_marl.trainers.preference.data_parallel import (
     reference_chunks,
 )
 from trl_marl.trainers.preference.dpo_forward import PreferenceBatch
+from trl_marl.trainers.preference.pair_checks import drop_unusable, usable_pairs
 from trl_marl.trainers.preference.pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_per_item
+from trl_marl.trainers.preference.preference_data import PreferenceInputs, resolve_inputs
 from trl_marl.utils.progress import progress_bar, trainer_shows_progress
 
 __all__ = ["PreferenceConfig", "MADPOConfig", "MADPOTrainer", "PreferenceCollectionMixin", "COLLABORATION_MODES"]
@@ -208,9 +210,11 @@ assert set(PreferenceConfig._allowed_pair_selections) <= set(PAIR_SELECTIONS)
 
 
 class PreferenceCollectionMixin:
-    """Collect preference pairs from task items with the current agents and the task reward."""
+    """The preference trainers' pairs: given (preference data, records, `PreferencePair`s; see `preference_data.py`)
+    or collected from task items with the current agents and the task reward, and checked (`pair_checks.py`)."""
 
     resume_types = (PreferencePair,)
+    runs_rounds = False  # True: the iterative trainers, which collect their pairs every round
 
     # where the collected candidates' mean task reward is logged. MADPO has no other rollouts, so it reuses the
     # rollout keys; MARLHF's RL rollouts log their LEARNED reward there, so it uses a key of its own (the Trainer
@@ -234,9 +238,38 @@ class PreferenceCollectionMixin:
             chat=list(self._chat_prompts) if self._chat_known else None,
         )
 
-    def _accept_pairs(self, pairs: Any) -> list[PreferencePair] | None:
-        """`preference_pairs=`: None, or records / `PreferencePair`s / a `datasets.Dataset` of records."""
-        return None if pairs is None else as_preference_pairs(pairs, self.pair_from_record)
+    def _resolve_preference_inputs(
+        self, args, kwargs: dict, preference_pairs: Any, reward_func, formatters, needs_pairs: bool = True
+    ) -> PreferenceInputs:
+        """Before any model loads: where the pairs and the task items come from (`preference_data.resolve_inputs`).
+        The base trainer's `train_dataset` / `eval_dataset` in `kwargs` become the task items."""
+        inputs = resolve_inputs(
+            type(self).__name__,
+            args.num_agents,
+            kwargs.get("train_dataset"),
+            kwargs.get("eval_dataset"),
+            preference_pairs,
+            reward_func,
+            formatters,
+            collects_every_round=self.runs_rounds,
+            centralized=args.collaboration_mode == "centralized",
+            needs_pairs=needs_pairs,
+        )
+        kwargs["train_dataset"], kwargs["eval_dataset"] = inputs.train_dataset, inputs.eval_dataset
+        return inputs
+
+    def _accept_pairs(self, inputs: PreferenceInputs) -> list[PreferencePair] | None:
+        """The given pairs as training pairs (tokenized by `pair_from_record`), checked: refused pairs raise, the
+        ones that would train on nothing are dropped with a count in the log; None when none were given."""
+        if inputs.pairs is None:
+            return None
+        pairs = as_preference_pairs(inputs.pairs, self.pair_from_record, inputs.source)
+        kept, summary = drop_unusable(pairs)
+        if not kept:
+            raise ValueError(f"{inputs.source}: {summary}; there is no pair left to train on")
+        if summary is not None and self.accelerator.is_main_process:
+            logger.warning("%s (%s): %s", self._name, inputs.source, summary)
+        return kept
 
     def _set_completion_ends(self, pairs: list[PreferencePair]) -> None:
         """Record, per agent, the EOS token each side ended with (None when cut), for `to_record()`."""
@@ -317,6 +350,7 @@ class PreferenceCollectionMixin:
         self.model.train(was_training)
         merged = merge_item_shares(gather_object([local]) if world > 1 else [local])
         pairs = [p for item_pairs, _ in merged for p in item_pairs]
+        pairs = usable_pairs(pairs, f"{self._name} (collected)", log=self.accelerator.is_main_process)
         rewards = [r for _, item_rewards in merged for r in item_rewards]
         mean = sum(rewards) / max(len(rewards), 1)
         # documented: these are the collected candidates' mean, not the updated policy's reward
@@ -355,11 +389,14 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         **kwargs,
     ):
         args = self._checked_args(args)
-        args, reward_func, formatters = self._setup_preference(args, reward_func, formatters, agents, adapter)
+        inputs = self._resolve_preference_inputs(args, kwargs, preference_pairs, reward_func, formatters)
+        args, reward_func, formatters = self._setup_preference(
+            args, inputs.reward_func, inputs.formatters, agents, adapter
+        )
         super().__init__(
             agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
         )
-        self.pairs: list[PreferencePair] | None = self._accept_pairs(preference_pairs)
+        self.pairs: list[PreferencePair] | None = self._accept_pairs(inputs)
         self.ref_models = self._load_ref_models(ref_model)
         if self.ref_models is None and args.precompute_ref_log_probs and not self._precompute_from_initial_agents:
             raise ValueError(

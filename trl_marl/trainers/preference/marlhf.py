@@ -33,6 +33,7 @@ from trl_marl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MA
 from trl_marl.trainers.names import TRL_POSITIONAL
 from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin, PreferenceConfig
 from trl_marl.trainers.preference.pairs import PreferencePair
+from trl_marl.trainers.preference.preference_data import looks_like_preference_data
 from trl_marl.trainers.preference.reward_model import JointRewardModel
 from trl_marl.trainers.preference.rounds import RoundDriver, build_round_plugins
 from trl_marl.trainers.registry import algorithms
@@ -192,7 +193,6 @@ class _MARLHFMixin(PreferenceCollectionMixin):
     _name = "MARLHF"
     candidate_reward_keys = ("preference/candidate_reward_mean",)
     _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "rlhf"]
-    runs_rounds = False  # True: `MARLHFIterTrainer` and its actor-critic variants
 
     def __init__(
         self,
@@ -211,6 +211,16 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         """`comparator=` / `replay_mode=` (iterative trainers): a registered plugin name (instead of the config's
         `comparator_policy` / `preference_replay_mode`) or a ready instance (see docs/plugins.md)."""
         args = self._checked_args(args)
+        fitted = reward_model is not None or args.reward_model_path is not None
+        if fitted and (preference_pairs is not None or looks_like_preference_data(kwargs.get("train_dataset"))):
+            raise ValueError(
+                "a fitted reward model is given (reward_model= or reward_model_path), so no reward model is fitted "
+                "and the preference pairs would not be used: pass the pairs, or the fitted reward model"
+            )
+        inputs = self._resolve_preference_inputs(
+            args, kwargs, preference_pairs, reward_func, formatters, needs_pairs=not fitted
+        )
+        reward_func, formatters = inputs.reward_func, inputs.formatters
         if self.runs_rounds:  # their errors come before any model loads
             round_plugins = build_round_plugins(args, comparator, replay_mode)
         elif comparator is not None or replay_mode is not None:
@@ -235,7 +245,7 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         self.reward_model = reward_model
         if reward_model is not None:  # under ZeRO-3 / FSDP2: sharded like the reference models
             reward_model.prepare_for_scoring(self.accelerator, args.reward_model_device)
-        self.pairs = self._accept_pairs(preference_pairs)
+        self.pairs = self._accept_pairs(inputs)
         # RL rollouts score with the learned reward; `rollout_engine` keeps the task reward (pairs, evaluation)
         self.train_rollout_engine = copy.copy(self.rollout_engine)
         self.train_rollout_engine.reward = RewardFunction(self._learned_reward, self.num_agents)
