@@ -366,6 +366,10 @@ def test_bad_rows_are_refused_naming_row_agent_and_field(build, change, message)
         ({"loser_completions": ["x", 3]}, r"preference_pairs\[1\]: agent 2's rejected completion is 3 \(int\)"),
         ({"winner_reward": 0.0, "loser_reward": float("inf")}, r"preference_pairs\[1\]: loser_reward is inf"),
         ({"prompts": ["p", None]}, r"preference_pairs\[1\]: agent 2's prompt is None"),
+        (
+            {"winner_completions": ["a"]},
+            r"preference_pairs\[1\]: record\['winner_completions'\] must be a list with one",
+        ),
     ],
 )
 def test_bad_records_and_pairs_are_refused_naming_their_index(build, items, change, message):

@@ -28,6 +28,7 @@ import torch
 __all__ = [
     "RECORD_FIELDS",
     "DROP_REASONS",
+    "shape_problem",
     "record_problem",
     "check_record",
     "unusable_reason",
@@ -50,6 +51,19 @@ _REWARDS = ("winner_reward", "loser_reward", "candidate_reward_mean")
 
 def _is_messages(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(m, Mapping) for m in value)
+
+
+def shape_problem(record: Mapping[str, Any], num_agents: int) -> str | None:
+    """What is missing or mis-shaped in a pair record, or None: the `RECORD_FIELDS`, and `prompts`,
+    `winner_completions`, `loser_completions` each a list with one entry per agent."""
+    missing = [k for k in RECORD_FIELDS if k not in record]
+    if missing:
+        return f"a preference record needs the fields {list(RECORD_FIELDS)}; missing {missing}"
+    for key in ("prompts", "winner_completions", "loser_completions"):
+        value = record[key]
+        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != num_agents:
+            return f"record[{key!r}] must be a list with one entry per agent ({num_agents}), got {value!r:.200}"
+    return None
 
 
 def record_problem(record: Mapping[str, Any]) -> str | None:
@@ -91,9 +105,11 @@ def record_problem(record: Mapping[str, Any]) -> str | None:
     return None
 
 
-def check_record(record: Mapping[str, Any], where: str) -> None:
-    """Raise a `ValueError` starting with `where` (e.g. `"train_dataset row 3"`) when `record_problem` finds one."""
-    problem = record_problem(record)
+def check_record(record: Mapping[str, Any], where: str, num_agents: int | None = None) -> None:
+    """Raise a `ValueError` starting with `where` (e.g. `"train_dataset row 3"`) when `record_problem` finds one
+    (with `num_agents`, `shape_problem` first)."""
+    problem = shape_problem(record, num_agents) if num_agents is not None else None
+    problem = problem or record_problem(record)
     if problem is not None:
         raise ValueError(f"{where}: {problem}")
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from trl_marl.trainers.preference.pair_checks import RECORD_FIELDS, check_record
+from trl_marl.trainers.preference.pair_checks import check_record, record_problem, shape_problem
 from trl_marl.trainers.preference.preference_data import preference_records
 
 __all__ = [
@@ -159,14 +159,9 @@ class PreferencePair:
                 infers it: no special tokens when the text already starts with the tokenizer's BOS.
         """
         n = len(tokenizers)
-        missing = [k for k in RECORD_FIELDS if k not in record]
-        if missing:
-            raise ValueError(f"a preference record needs the fields {list(RECORD_FIELDS)}; missing {missing}")
-        for key in ("prompts", "winner_completions", "loser_completions"):
-            value = record[key]
-            if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
-                raise ValueError(f"record[{key!r}] must be a list with one entry per agent ({n}), got {value!r:.200}")
-        check_record(record, "preference record")
+        problem = shape_problem(record, n) or record_problem(record)
+        if problem is not None:
+            raise ValueError(problem)
         from trl_marl.data_types.text import UNKNOWN_EOS
         from trl_marl.models.loading import completion_token_ids
         from trl_marl.rollout.prompts import render_prompt

@@ -139,15 +139,6 @@ def _agent_side(row: Mapping[str, Any], keys: tuple[str | None, str, str], where
     )
 
 
-def _record(sides: list[tuple], scores: dict) -> dict:
-    return {
-        "prompts": [s[0] for s in sides],
-        "winner_completions": [s[1] for s in sides],
-        "loser_completions": [s[2] for s in sides],
-        **scores,
-    }
-
-
 def _per_agent_columns(cols: list[str], n: int | None, name: str) -> list[tuple[str | None, str, str]]:
     """Per agent, its (prompt or None, chosen, rejected) columns in the one-dataset forms; a clear error otherwise."""
     suffixed = {int(m.group(2)) for c in cols if (m := _SUFFIXED.match(c))}
@@ -186,64 +177,87 @@ def preference_records(data: Any, num_agents: int | None, name: str = "train_dat
     `ValueError` naming `name`, the columns found and the scheme expected when the data does not match."""
     _check_not_dataset_dict(data, name)
     if _is_dataset_list(data):
-        if num_agents is not None and len(data) != num_agents:
-            raise ValueError(
-                f"{name} is a list of {len(data)} datasets, read as one preference dataset per agent, but "
-                f"num_agents={num_agents}"
-            )
-        sizes = [len(d) for d in data]
-        if len(set(sizes)) != 1:
-            raise ValueError(
-                f"{name}: the per-agent datasets must have the same number of rows (row j of each is pair j), got "
-                f"{sizes}"
-            )
-        keys = []
-        for i, d in enumerate(data):
-            try:
-                keys.append(_per_agent_columns(list(d.column_names), 1, f"{name}[{i}]")[0])
-            except ValueError as exc:
-                raise ValueError(f"{exc} (each dataset of the list is ONE agent's TRL preference dataset)") from None
-        rows = [_rows(d) for d in data]
-        out = []
-        for j in range(sizes[0]):
-            where = f"{name} row {j}"
-            sides = [_agent_side(rows[i][j], keys[i], where, i + 1) for i in range(len(data))]
-            out.append(_record(sides, _scores(rows[0][j])))
-            check_record(out[-1], where)
-        return out
+        return _from_agent_datasets(data, num_agents, name)
     cols = _column_names(data)
-    rows = _rows(data)
-    if "winner_completions" in cols or "loser_completions" in cols:  # pair records: kept whole (eos, iterative fields)
-        for j, row in enumerate(rows):
-            check_record(row, f"{name}[{j}]")
-        return rows
+    if "winner_completions" in cols or "loser_completions" in cols:
+        return _from_records(data, name)
     if any(c in cols for c in _JOINT_COLUMNS):
-        missing = [c for c in _JOINT_COLUMNS if c not in cols]
-        if missing:
-            raise ValueError(
-                f"{name} has the columns {cols}: the joint form needs {list(_JOINT_COLUMNS)}; missing {missing}"
-            )
-        out = []
-        for j, row in enumerate(rows):
-            where = f"{name} row {j}"
-            lists = [row[c] for c in _JOINT_COLUMNS]
-            n = num_agents if num_agents is not None else len(lists[0] or [])
-            if any(not isinstance(v, list) or len(v) != n for v in lists):
-                raise ValueError(f"{where}: {list(_JOINT_COLUMNS)} must each list one entry per agent ({n})")
-            sides = [
-                _agent_side(dict(zip(("p", "c", "r"), side)), ("p", "c", "r"), where, i + 1)
-                for i, side in enumerate(zip(*lists))
-            ]
-            out.append(_record(sides, _scores(row)))
-            check_record(out[-1], where)
-        return out
-    keys = _per_agent_columns(cols, num_agents, name)
+        return _from_joint_columns(data, cols, num_agents, name)
+    keys = _per_agent_columns(cols, num_agents, name)  # the one-dataset forms: prompt_i / chosen_i / rejected_i
+    rows = _rows(data)
+    sides = [[_agent_side(row, k, f"{name} row {j}", i + 1) for i, k in enumerate(keys)] for j, row in enumerate(rows)]
+    return _checked(sides, rows, name)
+
+
+def _checked(sides_per_row: list[list[tuple]], score_rows: list[Mapping], name: str) -> list[dict]:
+    """Records from each row's per-agent (prompt, chosen, rejected) and its scores, each checked."""
     out = []
-    for j, row in enumerate(rows):
-        where = f"{name} row {j}"
-        out.append(_record([_agent_side(row, k, where, i + 1) for i, k in enumerate(keys)], _scores(row)))
-        check_record(out[-1], where)
+    for j, (sides, row) in enumerate(zip(sides_per_row, score_rows)):
+        out.append(
+            {
+                "prompts": [s[0] for s in sides],
+                "winner_completions": [s[1] for s in sides],
+                "loser_completions": [s[2] for s in sides],
+                **_scores(row),
+            }
+        )
+        check_record(out[-1], f"{name} row {j}")
     return out
+
+
+def _from_agent_datasets(data: Sequence[Dataset], num_agents: int | None, name: str) -> list[dict]:
+    """A list of per-agent TRL preference datasets, row j of each being pair j (scores from the first)."""
+    if num_agents is not None and len(data) != num_agents:
+        raise ValueError(
+            f"{name} is a list of {len(data)} datasets, read as one preference dataset per agent, but "
+            f"num_agents={num_agents}"
+        )
+    sizes = [len(d) for d in data]
+    if len(set(sizes)) != 1:
+        raise ValueError(
+            f"{name}: the per-agent datasets must have the same number of rows (row j of each is pair j), got {sizes}"
+        )
+    keys = []
+    for i, d in enumerate(data):
+        try:
+            keys.append(_per_agent_columns(list(d.column_names), 1, f"{name}[{i}]")[0])
+        except ValueError as exc:
+            raise ValueError(f"{exc} (each dataset of the list is ONE agent's TRL preference dataset)") from None
+    rows = [_rows(d) for d in data]
+    sides = [
+        [_agent_side(rows[i][j], keys[i], f"{name} row {j}", i + 1) for i in range(len(data))] for j in range(sizes[0])
+    ]
+    return _checked(sides, rows[0], name)
+
+
+def _from_records(data: Any, name: str) -> list:
+    """Pair records, kept whole (their `*_eos` and iterative fields too); `PreferencePair`s among them are kept."""
+    records = data.to_list() if _is_dataset(data) else list(data)
+    for j, rec in enumerate(records):
+        if isinstance(rec, Mapping):
+            check_record(rec, f"{name}[{j}]")
+    return records
+
+
+def _from_joint_columns(data: Any, cols: list[str], num_agents: int | None, name: str) -> list[dict]:
+    """The joint dataset `to_dataset(pairs)` writes: `agent_prompts`, `agent_chosen`, `agent_rejected` lists."""
+    missing = [c for c in _JOINT_COLUMNS if c not in cols]
+    if missing:
+        raise ValueError(
+            f"{name} has the columns {cols}: the joint form needs {list(_JOINT_COLUMNS)}; missing {missing}"
+        )
+    rows = _rows(data)
+    sides_per_row = []
+    for j, row in enumerate(rows):
+        n = num_agents if num_agents is not None else len(row["agent_chosen"] or [])
+        if any(not isinstance(row[c], list) or len(row[c]) != n for c in _JOINT_COLUMNS):
+            raise ValueError(f"{name} row {j}: {list(_JOINT_COLUMNS)} must each list one entry per agent ({n})")
+        per_agent = [{f"{c}[{i}]": row[c][i] for c in _JOINT_COLUMNS} for i in range(n)]
+        keys = [tuple(f"{c}[{i}]" for c in _JOINT_COLUMNS) for i in range(n)]
+        sides_per_row.append(
+            [_agent_side(r, k, f"{name} row {j}", i + 1) for i, (r, k) in enumerate(zip(per_agent, keys))]
+        )
+    return _checked(sides_per_row, rows, name)
 
 
 class PromptColumn:
@@ -371,16 +385,20 @@ def resolve_inputs(
             )
         return PreferenceInputs(None, None, train_dataset, eval_dataset, formatters, reward_func)
     source = "train_dataset" if in_train else "preference_pairs"
+    per_pair = 1 if centralized else num_agents  # centralized: ONE model's tagged joint completion per side
     if in_train:
-        pairs = preference_records(train_dataset, num_agents, "train_dataset")
+        pairs = preference_records(train_dataset, per_pair, "train_dataset")
         train_dataset = None
     else:
-        pairs = _pair_entries(preference_pairs, num_agents)
+        pairs = _pair_entries(preference_pairs, per_pair)
     if not pairs:
         raise ValueError(
             f"{source} is empty: there is no preference pair to train on. Pass at least one pair, or leave "
             "preference_pairs unset (None) to collect pairs from the task items in train_dataset with reward_funcs"
         )
+    for k, entry in enumerate(pairs):  # before any model loads: a record that cannot become a pair
+        if isinstance(entry, Mapping):
+            check_record(entry, f"{source}[{k}]", per_pair)
     if train_dataset is None:
         if centralized:
             raise ValueError(
