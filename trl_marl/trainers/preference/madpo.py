@@ -13,7 +13,8 @@ forward over winners and losers, `DPOTrainer._compute_loss`'s scheme with TRL's 
 response's log-ratios), and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's
 names) turns each log-prob into `log pi_i - log pi_ref,i`. Metrics are DPO's: `rewards/chosen`, `rewards/rejected`,
 `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected` (of the joint response). The trainer first
-collects preference pairs from the task items with the initial agents (see `pairs.py`), then runs
+collects preference pairs from the task items with the initial agents (see `pairs.py`), or takes the pairs it is
+given (a preference dataset in TRL's format with one set of columns per agent, `preference_data.py`), then runs
 `num_train_epochs` over them.
 """
 
@@ -366,9 +367,14 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
     `ref_model` (TRL's name): the frozen reference policy, one model / path for every agent or a list with one per
     agent (`None`: reference-free, unless `precompute_ref_log_probs` uses the initial agents).
 
-    `train()` collects pairs with the initial agents, then trains `num_train_epochs` over them. If no item yields a
-    non-tied pair, it logs that clearly and returns without any update. After training it evaluates the updated
-    agents with the task reward (`eval_reward`) when an `eval_dataset` is given.
+    `train_dataset` holds task items, or preference data to train on as given: TRL's preference format with one set
+    of columns per agent (`prompt_1`, `chosen_1`, `rejected_1`, ...), or a list of per-agent TRL preference datasets
+    (see `preference_data.py`); `reward_funcs` is then needed only to evaluate. Given pairs are checked
+    (`pair_checks.py`): malformed ones are refused, the ones that would train on nothing dropped with a count.
+
+    `train()` collects pairs with the initial agents unless they were given, then trains `num_train_epochs` over
+    them. If no item yields a non-tied pair, it logs that clearly and returns without any update. After training it
+    evaluates the updated agents with the task reward (`eval_reward`) when an `eval_dataset` is given.
     """
 
     _name = "MADPO"

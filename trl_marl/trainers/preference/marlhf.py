@@ -1,6 +1,7 @@
 """MARLHF: multi-agent RL from preference feedback.
 
-1. Collect preference pairs between joint responses with the task reward as oracle (`pairs.py`).
+1. Collect preference pairs between joint responses with the task reward as oracle (`pairs.py`), or take the pairs
+   given (`preference_data.py`: TRL's preference format with one set of columns per agent).
 2. Fit a `JointRewardModel` (all agents' prompts and responses as one text, a scalar head, Bradley-Terry) — newly
    initialised, never falling back on the task reward — with TRL's `RewardTrainer` as a stage before the RL loop
    (sharing the outer accelerate state; its engine is released before the RL engine is built), and freeze it. Or,
@@ -448,6 +449,8 @@ class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):
 
     Takes the `MultiAgentTrainer` arguments plus `reward_model` (a fitted `JointRewardModel`: skips pair
     collection and reward learning), `preference_pairs` (pairs collected elsewhere) and `adapter` (centralized mode).
+    `train_dataset` holds task items, or preference data (as `MADPOTrainer` takes it) to fit the reward model on as
+    given, the RL phase then rolling out on its prompts; `reward_funcs` is then needed only to evaluate.
     `save_model` also writes `reward_model/`. With `rl_algorithm="maac"` or `"iac"` the instance built is a
     `MARLHFMAACTrainer` / `MARLHFIACTrainer` (the same pipeline on `MAACTrainer` / `IACTrainer`), which also takes
     `critic_model` / `critics`.
