@@ -147,7 +147,6 @@ def test_implicit_prompt_form_is_read_as_trl_reads_it(build):
 
 
 def test_conversational_form_is_rendered_with_each_agents_chat_template(build, tiny_tokenizer):
-    user = [[{"role": "user", "content": f"Agent {i} task {j}"}] for j in range(2) for i in (1, 2)]
     data = [
         {
             "prompt_1": [{"role": "user", "content": f"Agent 1 task {j}"}],
@@ -161,7 +160,7 @@ def test_conversational_form_is_rendered_with_each_agents_chat_template(build, t
     ]
     t = build(train_dataset=Dataset.from_list(data))
     pair = t.pairs[1]
-    for i, messages in enumerate(user[2:]):
+    for i, messages in enumerate([[{"role": "user", "content": f"Agent {i} task 1"}] for i in (1, 2)]):
         trl = maybe_apply_chat_template({"prompt": messages}, tiny_tokenizer)["prompt"]  # TRL's own rendering
         assert pair.prompts[i] == trl and pair.prompt_messages[i] == messages
         assert torch.equal(pair.prompt_ids[i], t.tokenize_prompt(i, pair.prompts[i]))
