@@ -160,7 +160,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 step_times.append(time.perf_counter() - state["t0"])
                 step_cpu.append(time.process_time() - state["c0"])
             if s.global_step == warm:  # steady state from here: reset the trainer's phase timers
-                holder["trainer"]._timings.clear()
+                holder["trainer"]._metrics.timings.clear()
                 state["phase"] = "steady"
 
     t0 = time.perf_counter()
@@ -168,7 +168,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     init_s = time.perf_counter() - t0
     holder["trainer"] = trainer
 
-    generate = trainer.generate
+    generate = trainer.generation.generate
 
     def timed_generate(prompts_per_agent, num_generations):
         t = time.perf_counter()
@@ -178,7 +178,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         a["tokens"] += sum(c.numel() for o in out for c in o.completion_ids)
         return out
 
-    trainer.generate = timed_generate
+    trainer.generation.generate = timed_generate
     for engine in {id(e): e for e in (trainer.rollout_engine, trainer.train_rollout_engine)}.values():
 
         def timed_run(items, *a, _run=engine.run, **k):
@@ -208,7 +208,7 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     if n != args.steps:
         raise RuntimeError(f"{label(cfg)}: timed {n} steps, expected {args.steps}")
     total = sum(step_times)
-    phases = {k: trainer._timings.get(k, 0.0) / n for k in PHASES[:-1]}
+    phases = {k: trainer._metrics.timings.get(k, 0.0) / n for k in PHASES[:-1]}
     phases["other"] = total / n - sum(phases.values())
     steady = acc["steady"]
     result: dict[str, Any] = {

@@ -113,7 +113,7 @@ def generation_speed(repeats: int) -> dict:
 
     def mixed():
         with torch.no_grad():
-            return t._generate_shared(team, prompts, 4)
+            return t.generation._generate_shared(team, prompts, 4)
 
     def per_agent():
         with torch.no_grad():

@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
                 width = int(b.attention_mask[rows].sum(1).max())
                 batches.append(PreferenceBatch(b.input_ids[rows, :width], b.attention_mask[rows, :width],
                                                b.completion_mask[rows, :width]))  # fmt: skip
-            halves.append(torch.stack([lp.sum(1) for lp in team(batches)]))
+            halves.append(torch.stack([lp.sum(1) for lp in team(batches)["logprobs"]]))
         return halves[0] - halves[1]
 
     def own_collate():  # the replaced MADPO forward: AgentBatch through the team (TeamModel.forward still takes it)
@@ -114,7 +114,7 @@ def main(argv=None) -> dict:
             for i in range(len(team.agents))
         ]
         out = []
-        for lp, b in zip(team(batches), batches):
+        for lp, b in zip(team(batches)["logprobs"], batches):
             w, lo = sequence_logprobs(lp, b.completion_mask).chunk(2)
             out.append(w - lo)
         return torch.stack(out)

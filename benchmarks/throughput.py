@@ -147,7 +147,7 @@ def run_trainer(args) -> dict:
     class ResetAfterWarmup(TrainerCallback):
         def on_step_end(self, a, state, control, **kw):
             if state.global_step == warm:
-                trainer._timing_acc.clear()
+                trainer._metrics.timings.clear()
                 trainer._tokens_seen = 0
 
     trainer.add_callback(ResetAfterWarmup())
@@ -161,7 +161,7 @@ def run_trainer(args) -> dict:
 
     trainer._record_rollout_metrics = count_tokens
     trainer.train()
-    phases = dict(trainer._timings)
+    phases = dict(trainer._metrics.timings)
     return _summary(
         f"MAGRPOTrainer ({P} prompt{'s' if P > 1 else ''}/step)", timer.times[warm:], P, trainer._tokens_seen, phases
     )

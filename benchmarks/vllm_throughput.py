@@ -101,10 +101,10 @@ def run_one(args) -> dict:
             self.times.append(time.perf_counter() - self.t0)
             self.cpu.append(time.process_time() - self.c0)
             if state.global_step == args.warmup:  # steady state from here
-                trainer._timing_acc.clear()
+                trainer._metrics.timings.clear()
                 trainer._tokens_seen = 0
-                if trainer.vllm_generation is not None:
-                    g = trainer.vllm_generation
+                if trainer.args.use_vllm:
+                    g = trainer.generation
                     self.base = (g.sync_seconds, g.num_syncs, g.gap_seconds)
 
     timer = StepTimer()
@@ -132,8 +132,8 @@ def run_one(args) -> dict:
     # process CPU seconds of each `generate` call (stable under other load, unlike wall time), without the weight
     # push that vLLM's first call after an optimizer step does (reported apart, as for wall time)
     gen_cpu, sync_cpu = [], []
-    generate = trainer.generate
-    g = trainer.vllm_generation
+    generate = trainer.generation.generate
+    g = trainer.generation if trainer.args.use_vllm else None
     pushed = [0.0]  # CPU seconds of weight pushes so far
     if g is not None:
         sync_weights = g.sync_weights
@@ -152,11 +152,11 @@ def run_one(args) -> dict:
         gen_cpu.append(time.process_time() - c0 - (pushed[0] - p0))
         return out
 
-    trainer.generate = timed_generate
+    trainer.generation.generate = timed_generate
     trainer.train()
     n = args.steps
     times = timer.times[args.warmup :]
-    phases = {k: v / n for k, v in trainer._timings.items()}
+    phases = {k: v / n for k, v in trainer._metrics.timings.items()}
     out = {
         "model": args.models[0],
         "tokens": args.tokens[0],

@@ -62,3 +62,95 @@ def test_a_missing_local_dataset_fails_at_once_without_asking_the_hub(name):
     with pytest.raises(FileNotFoundError, match=r"no such file or folder"):
         load_recipe_dataset(RecipeArguments(dataset_name=name))
     assert time.perf_counter() - start < 2.0
+
+
+# ------------------------------------------------------------------------------------- files are verified, not trusted
+def _flip_a_byte(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only a content checksum can tell
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def checkpointed_run(tmp_path_factory, tiny_path):
+    """A 2-step MAGRPO run with a checkpoint at each step, and its saved team."""
+    from trl_marl import MAGRPOConfig, MAGRPOTrainer
+
+    out = tmp_path_factory.mktemp("run") / "out"
+    args = cpu_args(MAGRPOConfig, out.parent, output_dir=str(out), max_steps=2, save_strategy="steps", save_steps=1)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=[{"prompt": "a"}] * 4)
+    t.train()
+    t.save_model()
+    return out
+
+
+def _copy(src, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_a_checkpoint_with_flipped_bytes_is_refused_naming_the_file_and_the_intact_one(checkpointed_run, tmp_path):
+    from trl_marl import MAGRPOConfig, MAGRPOTrainer
+    from trl_marl.checkpointing.checkpoint import CheckpointError
+
+    out = _copy(checkpointed_run, tmp_path)
+    _flip_a_byte(out / "checkpoint-2" / "agent_1" / "model.safetensors")
+    args = cpu_args(MAGRPOConfig, tmp_path, output_dir=str(out), max_steps=3)
+    t = MAGRPOTrainer(model=_tiny(), reward_funcs=letters_reward, args=args, train_dataset=[{"prompt": "a"}] * 4)
+    with pytest.raises(CheckpointError) as err:
+        t.train(resume_from_checkpoint=True)
+    message = str(err.value)
+    assert "agent_1/model.safetensors (its bytes changed after it was written" in message
+    assert f"resume from {out / 'checkpoint-1'} (the latest intact one before it)" in message
+
+
+def test_a_saved_team_with_flipped_bytes_does_not_load(checkpointed_run, tmp_path):
+    from trl_marl import AgentTeam
+    from trl_marl.checkpointing.state_files import CorruptedStateError
+
+    team = _copy(checkpointed_run, tmp_path)
+    AgentTeam.from_pretrained(str(team))  # intact: loads
+    _flip_a_byte(team / "agent_2" / "model.safetensors")
+    with pytest.raises(CorruptedStateError, match=r"damaged file\(s\): agent_2/model.safetensors \(its bytes changed"):
+        AgentTeam.from_pretrained(str(team))
+    with pytest.raises(CorruptedStateError, match=r"agent_2/model.safetensors .*save it again"):
+        _magrpo([str(team / "agent_1"), str(team / "agent_2")], tmp_path)
+
+
+@pytest.mark.parametrize("other", ["trainer", "team"])
+def test_a_valid_checkpoint_of_another_trainer_or_team_is_refused_as_such(checkpointed_run, tmp_path, other):
+    from trl_marl import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer
+    from trl_marl.checkpointing.checkpoint import CheckpointError
+
+    out = _copy(checkpointed_run, tmp_path)
+    if other == "trainer":
+        cls, args = MAREINFORCETrainer, cpu_args(MAREINFORCEConfig, tmp_path, output_dir=str(out), max_steps=3)
+        expected = "this run is MAREINFORCETrainer"
+    else:
+        cls, args = MAGRPOTrainer, cpu_args(MAGRPOConfig, tmp_path, output_dir=str(out), max_steps=3, num_agents=3)
+        expected = "with 3 agent(s)"
+
+    def reward(*completions):
+        return [0.0] * len(completions[0])
+
+    t = cls(model=_tiny(), reward_funcs=reward, args=args, train_dataset=[{"prompt": "a"}] * 4)
+    with pytest.raises(CheckpointError) as err:
+        t.train(resume_from_checkpoint=True)
+    message = str(err.value)
+    assert "it was written by MAGRPOTrainer" in message and expected in message
+    assert "the checkpoint is intact" in message and "delete" not in message
+
+
+def test_resuming_from_a_folder_that_does_not_exist_says_check_the_path(tmp_path):
+    from trl_marl.checkpointing.checkpoint import CheckpointError, resolve_resume_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"no such folder; check the path") as err:
+        resolve_resume_checkpoint(str(tmp_path / "checkpoint-7"), str(tmp_path))
+    assert "delete" not in str(err.value)
+
+
+def _tiny():
+    from trl_marl.testing import tiny_model_path
+
+    return tiny_model_path()

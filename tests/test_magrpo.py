@@ -17,6 +17,7 @@ from trl_marl import (
     MARLOOConfig,
     MARLOOTrainer,
 )
+from trl_marl.rollout.returns import rollout_returns
 
 
 def length_reward(c1, c2):
@@ -129,6 +130,25 @@ def test_per_agent_learning_rate_groups(make_args, items, tiny_path):
     assert ids[0] == {id(p) for p in t.team.agents[0].parameters()}
 
 
+def test_agent_learning_rate_per_agent(make_args, items, tiny_path):
+    """A list gives each agent's parameter groups their own rate (it used to raise TypeError)."""
+    t = MAGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_reward,
+        train_dataset=items,
+        args=make_args(agent_learning_rate=[2e-4, 3e-4], learning_rate=1e-3),
+    )
+    lrs = {(g["name"], g["lr"]) for g in t.create_optimizer().param_groups}
+    assert lrs == {("agent_1", 2e-4), ("agent_2", 3e-4)}
+    one = make_args(agent_learning_rate=[5e-4])  # one rate for every agent (a single command-line value)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=length_reward, train_dataset=items, args=one)
+    assert {g["lr"] for g in t.create_optimizer().param_groups} == {5e-4}
+    with pytest.raises(ValueError, match=r"agent_learning_rate has 3 entries; give 1 or num_agents=2"):
+        make_args(agent_learning_rate=[1e-4, 2e-4, 3e-4])
+    with pytest.raises(ValueError, match=r"agent_learning_rate must be >= 0 for every agent"):
+        make_args(agent_learning_rate=[1e-4, -1.0])
+
+
 def test_save_model_writes_one_loadable_folder_per_agent(make_args, items, tiny_path, tmp_path):
     t = MAGRPOTrainer(model=tiny_path, reward_funcs=length_reward, args=make_args(max_steps=1), train_dataset=items)
     t.train()
@@ -202,14 +222,15 @@ def test_remax_greedy_baseline(make_args, items, tiny_path):
 
     args = make_args(MAReMaxConfig, remax_baseline="greedy", num_generations=2, max_steps=1)
     t = MAReMaxTrainer(model=tiny_path, reward_funcs=counting, args=args, train_dataset=items)
-    rollout = t._rollout_step([items[0], items[1]])[0]["rollout"]
+    inputs = t._rollout_step([items[0], items[1]])[0]
+    rollout = inputs["rollout"]
     assert calls == [2 * 2 + 2]  # the sampled AND the greedy joint actions, in one reward call
     greedy = t.generate([[t._render(0, items[0]["prompt"])], [t._render(1, items[0]["prompt"])]], 1, greedy=True)
     node = rollout.nodes[0]
     assert node.greedy_reward == float(len(greedy[0].texts[0]))  # deterministic: the same greedy decode
+    returns = rollout_returns(rollout, t.args.discount)
     for i in range(2):
-        for sid in node.samples[i]:
-            s = rollout.samples[sid]
-            assert s.advantage == pytest.approx(s.ret - node.greedy_reward)
+        want = returns.of_node(node.id, i) - node.greedy_reward
+        torch.testing.assert_close(inputs["advantages"][i][node.id], want)
     with pytest.raises(ValueError, match="remax_baseline='greedy' needs num_turns=1"):
         make_args(MAReMaxConfig, remax_baseline="greedy", num_turns=2)

@@ -264,6 +264,8 @@ def test_two_process_ddp_killed_and_resumed_exactly(tmp_path, tiny_path):
 
 
 def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_path):
+    from trl_marl.checkpointing.checksums import file_digest
+
     out = tmp_path / "run"
     t = resume_run.build("magrpo", str(out), tiny_path)
     t.args.max_steps = 1
@@ -273,8 +275,9 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_path)
     state["num_processes"] = 2
     torch.save(state, path)
     marker = json.loads((out / "checkpoint-1" / COMPLETE_MARKER).read_text())
-    for f in marker["files"]:  # keep the checkpoint "complete" after the edit
+    for f in marker["files"]:  # keep the checkpoint "complete" and intact after the edit
         f["size"] = (out / "checkpoint-1" / f["path"]).stat().st_size
+        f["sha256"] = file_digest(str(out / "checkpoint-1" / f["path"]))
     (out / "checkpoint-1" / COMPLETE_MARKER).write_text(json.dumps(marker))
     with pytest.raises(CheckpointError, match="written by 2 process.*this run has 1.*resume with 2"):
         resume_run.build("magrpo", str(out), tiny_path).train(resume_from_checkpoint=True)
@@ -286,6 +289,7 @@ def test_checkpoint_fsync_skips_other_processes_temporary_files(tmp_path):
     away before it is listed must not fail the save. On the old code `finish()` raised FileNotFoundError (a slow
     2-process DDP checkpoint failed that way in CI, 1 run in about 10)."""
     from trl_marl.checkpointing.checkpoint import _Syncer
+    from trl_marl.checkpointing.checksums import file_digest
 
     agent = tmp_path / "agent_1"
     agent.mkdir()
@@ -299,8 +303,10 @@ def test_checkpoint_fsync_skips_other_processes_temporary_files(tmp_path):
     renamed_later.rename(agent / "config.json")  # the writer renames its file after this process walked
     (agent / ".tmpQ9FE7S").rename(agent / "model.safetensors")
     files = syncer.finish()
-    assert files == [
+    assert [{k: f[k] for k in ("path", "size")} for f in files] == [
         {"path": "agent_1/config.json", "size": 2},
         {"path": "agent_1/model.safetensors", "size": 23},
         {"path": "rng_state_1.pth", "size": 6},
     ]
+    # each digest is of the file as it is after every writer finished (the renamed temporary's final bytes)
+    assert all(f["sha256"] == file_digest(str(tmp_path / f["path"])) for f in files)

@@ -3,10 +3,12 @@
 import pytest
 import torch
 
+from trl_marl.algorithms.advantages import group_advantages
 from trl_marl.data_types.rollout import GenerationOutput
 from trl_marl.data_types.text import PromptText
 from trl_marl.rewards import RewardFunction
-from trl_marl.rollout.engine import JointRollout, assign_returns, tree_size
+from trl_marl.rollout.engine import JointRollout, tree_size
+from trl_marl.rollout.returns import rollout_returns
 
 
 class ScriptedGenerate:
@@ -75,11 +77,10 @@ def test_cross_gives_G_to_the_n_joint_actions():
 def test_cross_sample_return_is_mean_of_joint_returns_containing_it():
     ro, _ = make(G=2, joint_mode="cross")
     out = ro.run(ITEMS[:1], ScriptedGenerate())
-    assign_returns(out, baseline="mean")
+    returns = rollout_returns(out)
     # joint rewards k1 + k2 over (0,0),(0,1),(1,0),(1,1) = 0,1,1,2 ; agent 0 sample 0 -> mean(0,1) = 0.5
-    s = [out.samples[sid] for sid in out.nodes[0].samples[0]]
-    assert [x.ret for x in s] == [0.5, 1.5]
-    assert [x.advantage for x in s] == [-0.5, 0.5]
+    assert returns.of_node(0, 0).tolist() == [0.5, 1.5]
+    assert group_advantages(returns.of_node(0, 0), "mean").tolist() == [-0.5, 0.5]
 
 
 def test_multi_turn_tree_sizes_and_batched_generation():
@@ -163,15 +164,15 @@ def test_returns_follow_the_tree_with_discount():
 
     ro, _ = make(G=2, num_turns=2, reward=reward, external_transition=lambda **kw: ["x", "y"])
     out = ro.run(ITEMS[:1], ScriptedGenerate())
-    assign_returns(out, discount=0.5, baseline="mean")
+    returns = rollout_returns(out, discount=0.5)
     root = out.nodes[0]
     # children rewards are (0, 2): mean 1 -> root returns 1 + 0.5 * 1 = 1.5 for each joint action
-    assert root.returns[:, 0].tolist() == [1.5, 1.5]
-    assert root.undiscounted_returns.tolist() == [2.0, 2.0]
+    assert returns.joint[root.id][:, 0].tolist() == [1.5, 1.5]
+    assert returns.team_to_go[root.id].tolist() == [2.0, 2.0]
     child = out.nodes[root.children[0]]
-    assert child.returns[:, 1].tolist() == [0.0, 2.0]
-    assert [out.samples[s].advantage for s in child.samples[0]] == [-1.0, 1.0]
-    assert out.turn_metrics()["turn_1/expected_return"] == 2.0
+    assert returns.joint[child.id][:, 1].tolist() == [0.0, 2.0]
+    assert group_advantages(returns.of_node(child.id, 0), "mean").tolist() == [-1.0, 1.0]
+    assert out.turn_metrics(returns.team_to_go)["turn_1/expected_return"] == 2.0
 
 
 def test_penalties_enter_per_agent_returns():
@@ -179,9 +180,8 @@ def test_penalties_enter_per_agent_returns():
     out = ro.run(ITEMS[:1], ScriptedGenerate())
     for sid in out.nodes[0].samples[1]:
         out.samples[sid].penalty = 0.25
-    assign_returns(out, baseline="raw")
-    node = out.nodes[0]
-    assert node.returns.tolist() == [[0.0, -0.25], [2.0, 1.75]]
+    returns = rollout_returns(out)
+    assert returns.joint[out.nodes[0].id].tolist() == [[0.0, -0.25], [2.0, 1.75]]
 
 
 def test_huge_cross_tree_warns_with_its_size():
@@ -204,7 +204,6 @@ def test_records_are_json_able():
 
     ro, _ = make(G=2)
     out = ro.run(ITEMS, ScriptedGenerate())
-    assign_returns(out)
-    recs = out.records()
+    recs = out.records(rollout_returns(out).joint)
     assert len(recs) == 4 and recs[0]["completions"] == ["0|0|A0:p0", "1|0|A1:p0"]
     json.dumps(recs)

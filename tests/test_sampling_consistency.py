@@ -27,7 +27,7 @@ def test_policy_and_reference_logprobs_use_the_sampling_temperature(make_args, i
     rollout = t.rollout_engine.run([items[0], items[1]], t.generate)
     batches = [t.agent_batch(i, rollout.samples_of_agent(i)) for i in range(2)]
     with torch.no_grad():
-        got = t.model(batches)
+        got = t.model(batches)["logprobs"]
     for i in range(2):
         mask = batches[i].completion_mask.bool()
         want = _tempered_reference(t.team.agents[i], batches[i], T)
@@ -58,7 +58,6 @@ def test_ppo_old_logprobs_use_the_sampling_temperature(make_args, items, tiny_pa
         model=tiny_path, critic_model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items
     )
     rollout = t.rollout_engine.run([items[0], items[1]], t.generate)
-    t._assign_returns(rollout)
     data = t._critic_targets(rollout)
     for i in range(2):
         batch = t.agent_batch(i, rollout.samples_of_agent(i))
@@ -80,15 +79,16 @@ def test_entropy_is_logged_per_agent_from_the_loss_forward(make_args, items, tin
     calls = []
     for agent in t.team.agents:
         agent.register_forward_hook(lambda *a: calls.append(1))
-    t.team.last_entropy = None
+    t._metrics.clear("train")
     t.compute_loss(t.model, inputs)
-    assert len(calls) == 2 and all(e is not None for e in t.team.last_entropy)
+    logged = t._metrics["train"]
+    assert len(calls) == 2 and all(len(logged[f"agent_{i}/entropy"]) == 1 for i in (1, 2))
     # the value equals TRL's entropy_from_logits of the tempered logits on the scored tokens
     from trl.trainer.utils import entropy_from_logits
 
     rollout = t.rollout_engine.run([items[0]], t.generate)
     batch = t.agent_batch(0, rollout.samples_of_agent(0))
-    t.team([batch, None])
+    entropy = t.team([batch, None])["entropy"]
     with torch.no_grad():
         pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
         logits = t.team.agents[0](
@@ -98,8 +98,8 @@ def test_entropy_is_logged_per_agent_from_the_loss_forward(make_args, items, tin
         ent = entropy_from_logits(logits[:, -C - 1 : -1].float() / T)
         mask = batch.completion_mask.float()
         want = float((ent * mask).sum() / mask.sum())
-    assert t.team.last_entropy[0] == pytest.approx(want, rel=1e-5)
-    assert t.team.last_entropy[1] is None
+    assert entropy[0] == pytest.approx(want, rel=1e-5)
+    assert entropy[1] is None
 
 
 # ---------------------------------------------------------------- EOS: score exactly the generated tokens

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trl_marl import MAGRPOTrainer
-from trl_marl.trainers.base import _apply_wandb_config
+from trl_marl.trainers.arguments import apply_wandb_config
 
 
 def reward(c1, c2):
@@ -107,7 +107,7 @@ def test_wandb_config_maps_to_the_environment(make_args, monkeypatch):
     for var in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_TAGS"):
         monkeypatch.delenv(var, raising=False)
     args = make_args()
-    _apply_wandb_config(args, {"project": "team", "entity": "lab", "name": "run-1", "tags": ["a", "b"]})
+    apply_wandb_config(args, {"project": "team", "entity": "lab", "name": "run-1", "tags": ["a", "b"]})
     import os
 
     assert os.environ["WANDB_PROJECT"] == "team" and os.environ["WANDB_TAGS"] == "a,b"

@@ -60,7 +60,7 @@ def test_each_agent_gradient_touches_only_its_own_parameters(tiny_path):
     agents = [AutoModelForCausalLM.from_pretrained(tiny_path) for _ in range(2)]
     team = TeamModel(agents)
     batch = collate_agent_batch([torch.tensor([5, 6, 7])] * 2, [torch.tensor([8, 9, 1]), torch.tensor([8, 1])], 0)
-    logps = team([batch, batch])
+    logps = team([batch, batch])["logprobs"]
     seqs = [sequence_logprobs(lp, batch.completion_mask) for lp in logps]
     # loss of agent 1 alone -> no gradient on agent 2
     (-seqs[0].mean()).backward(retain_graph=True)
@@ -78,7 +78,7 @@ def test_each_agent_gradient_touches_only_its_own_parameters(tiny_path):
 def test_team_forward_skips_none_and_checks_length(tiny_path):
     team = TeamModel([AutoModelForCausalLM.from_pretrained(tiny_path) for _ in range(2)])
     batch = collate_agent_batch([torch.tensor([5])], [torch.tensor([6, 1])], 0)
-    out = team([None, batch])
+    out = team([None, batch])["logprobs"]
     assert out[0] is None and out[1].shape == (1, 2)
     with pytest.raises(ValueError, match="expected 2 agent batches"):
         team([batch])

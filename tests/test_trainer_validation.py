@@ -88,7 +88,7 @@ def test_tokenizer_list_of_wrong_length(make_args, items, tiny_tokenizer):
 def test_agent_model_object_with_several_agents(make_args, items):
     import torch
 
-    with pytest.raises(ValueError, match="agent_model is a model object but num_agents=2"):
+    with pytest.raises(ValueError, match="model is one model object but num_agents=2"):
         build(make_args, items, model=torch.nn.Linear(1, 1))
 
 
@@ -98,7 +98,7 @@ def test_neither_agent_model_nor_agents(make_args, items):
 
 
 def test_agents_list_length(make_args, items):
-    with pytest.raises(ValueError, match="agents has 3 entries but num_agents is 2"):
+    with pytest.raises(ValueError, match=r"model has 3 entries \(one per agent\) but num_agents is 2"):
         build(make_args, items, model=[MISSING] * 3)
 
 

@@ -92,6 +92,27 @@ def test_old_trainer_names_warn(tmp_path, tiny_path, tiny_tokenizer):
                       train_dataset=ITEMS)  # fmt: skip
 
 
+def test_unknown_trainer_keyword_is_named(tmp_path):
+    """Only the earlier names are translated; any other unknown keyword is a TypeError naming it, before any model
+    loads (the model path does not exist)."""
+    with pytest.raises(TypeError, match="MAGRPOTrainer.__init__\\(\\) got an unexpected keyword argument 'rewards'"):
+        MAGRPOTrainer(model="/nonexistent/model", rewards=count_a, args=cfg(tmp_path), train_dataset=ITEMS)
+
+
+def test_old_names_reach_trainers_with_their_own_arguments(tmp_path, tiny_path):
+    """A trainer with arguments of its own (here the centralized one's `adapter`) gets the earlier names translated
+    by `MultiAgentTrainer.__init__` too, positional TRL order included."""
+    from trl_marl import CentralizedMAGRPOTrainer
+
+    with pytest.warns(FutureWarning, match="`(agent_model|reward_func)=` is deprecated"):
+        t = CentralizedMAGRPOTrainer(
+            agent_model=tiny_path, reward_func=count_a, args=cfg(tmp_path), train_dataset=ITEMS
+        )
+    assert t.num_roles == 2 and t.num_agents == 1
+    t2 = CentralizedMAGRPOTrainer(tiny_path, count_a, cfg(tmp_path), ITEMS)
+    assert t2.num_agents == 1 and t2.reward.name
+
+
 def test_reward_funcs_list_with_reward_weights(tmp_path, tiny_path):
     def n_chars(a, b):
         return [float(len(x) + len(y)) for x, y in zip(a, b)]

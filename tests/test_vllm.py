@@ -48,7 +48,7 @@ def length_reward(c1, c2):
 
 
 def close(trainer) -> None:
-    trainer.vllm_generation.close()
+    trainer.generation.close()
     gc.collect()
 
 
@@ -120,8 +120,8 @@ def items_list():
 def test_two_steps_push_weights_and_log_the_sampling_gap(trained):
     t, seen = trained
     assert t.state.global_step == 2 and len(seen) == 2
-    assert len(t.vllm_generation.engines) == 2  # one engine per agent
-    assert t.vllm_generation.num_syncs == 2  # before the first rollout, and after optimizer step 1
+    assert len(t.generation.engines) == 2  # one engine per agent
+    assert t.generation.num_syncs == 2  # before the first rollout, and after optimizer step 1
     for log in t.state.log_history[:2]:
         assert 0.0 <= log["sampling/sampling_logp_difference/mean"] < 1e-4
         assert log["sampling/sampling_logp_difference/max"] < 1e-3
@@ -164,7 +164,7 @@ def test_unlogged_training_rollouts_do_not_ask_vllm_for_logprobs(trained):
     """vLLM's sampled log-probs feed only the gap metric: a training rollout whose step will not be logged does not
     request them; a logged one and a call outside training (evaluation, a user's) do."""
     t, _ = trained
-    engine = t.vllm_generation.engines[0]
+    engine = t.generation.engines[0]
     original, asked = engine.generate, []
 
     def spy(prompts, params, **kw):
@@ -226,7 +226,7 @@ def test_every_trainer_family_runs_two_steps(family, vllm_path, items_list, tmp_
     try:
         t.train()
         assert t.state.global_step == 2
-        assert t.vllm_generation.num_syncs >= 1
+        assert t.generation.num_syncs >= 1
         gaps = [
             h["sampling/sampling_logp_difference/max"]
             for h in t.state.log_history
@@ -253,7 +253,7 @@ def test_shared_base_team_on_one_multi_lora_engine(vllm_path, items_list, tmp_pa
         model=vllm_path, reward_funcs=length_reward, args=args, train_dataset=items_list, peft_config=peft
     )
     try:
-        g = t.vllm_generation
+        g = t.generation
         assert g.lora and len(g.engines) == 1
         assert ("vllm_enable_lora=False is faster on CPU" in caplog.text) == (not torch.cuda.is_available())
         t.train()
@@ -288,7 +288,7 @@ def test_shared_base_team_without_lora_serving_uses_merged_per_agent_engines(vll
         model=vllm_path, reward_funcs=length_reward, args=args, train_dataset=items_list, peft_config=peft
     )
     try:
-        assert not t.vllm_generation.lora and len(t.vllm_generation.engines) == 2
+        assert not t.generation.lora and len(t.generation.engines) == 2
         t.train()
         for h in t.state.log_history[:2]:
             assert h["sampling/sampling_logp_difference/max"] < 1e-3  # merged adapter i pushed into engine i

@@ -68,7 +68,7 @@ def test_trainer_fails_before_loading_any_model(monkeypatch, make_args, items):
         ({"vllm_model_impl": "jax"}, r"vllm_model_impl must be"),
         (
             {"vllm_max_model_length": 8, "max_completion_length": 8},
-            r"vllm_max_model_length \(8\) must exceed max_new_tokens",
+            r"vllm_max_model_length \(8\) must exceed max_completion_length",
         ),
         ({"parallel_training": "mp", "agent_devices": ["cpu"]}, r"does not support parallel_training='mp'"),
     ],

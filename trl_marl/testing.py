@@ -204,18 +204,19 @@ def tiny_model_path(spec: TinyModelSpec | None = None, **overrides) -> str:
 
 
 def prompt_seeded_generation(trainer):
-    """Make `trainer.generate` sample each prompt's completions from a seed of its own (a hash of the agents'
-    prompts for that index and the training step), one `generate` call per prompt index: what a prompt gets then
-    depends only on the weights, the prompt and the step, not on the batch it is in nor on the process. With it, N
-    processes that each roll out a share of the items sample what one process rolling out every item samples (the
-    equivalence tests of data parallelism). Returns the trainer."""
+    """Make the trainer's generation engine (`trainer.generation`, what every rollout of the trainer samples with)
+    sample each prompt's completions from a seed of its own (a hash of the agents' prompts for that index and the
+    training step), one `generate` call per prompt index: what a prompt gets then depends only on the weights, the
+    prompt and the step, not on the batch it is in nor on the process. With it, N processes that each roll out a
+    share of the items sample what one process rolling out every item samples (the equivalence tests of data
+    parallelism). Returns the trainer."""
     import zlib
 
     import torch
 
     from trl_marl.data_types.rollout import GenerationOutput
 
-    original = trainer.generate
+    original = trainer.generation.generate
 
     def generate(prompts_per_agent, num_generations, greedy=False):
         outs = [GenerationOutput([], [], []) for _ in prompts_per_agent]
@@ -228,5 +229,5 @@ def prompt_seeded_generation(trainer):
                 o.completion_ids += g.completion_ids
         return outs
 
-    trainer.generate = generate
+    trainer.generation.generate = generate
     return trainer

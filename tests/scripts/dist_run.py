@@ -217,7 +217,7 @@ def run_rss(out, reference_kl=False, max_steps=3):
                 "built": built,
                 "peak": peak,
                 "steps": steps,
-                "timings": dict(trainer._timings),
+                "timings": dict(trainer._metrics.timings),
                 "phases": phases,
                 "zero_optimization": zero_config(trainer),
                 "engine": engine,
@@ -242,7 +242,7 @@ def record_gathers(trainer):
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    import trl_marl.trainers.base as base
+    import trl_marl.generation.hf as hf
 
     info = {"generating": [], "units_per_agent": []}
     if not trainer.is_fsdp_enabled:
@@ -251,7 +251,7 @@ def record_gathers(trainer):
     backbones = [team.shared] if team.shared_base else list(team.agents)
     info["units_per_agent"] = [sum(isinstance(m, FSDPModule) for m in b.modules()) for b in backbones]
     info["sharded_at_start"] = all(isinstance(p, DTensor) for p in team.parameters())
-    original = base.__dict__.setdefault("_unpatched_gather", base.gathered_for_generation)
+    original = hf.__dict__.setdefault("_unpatched_gather", hf.gathered_for_generation)
 
     class Recording:
         def __init__(self, module, root):
@@ -266,7 +266,7 @@ def record_gathers(trainer):
         def __exit__(self, *exc):
             return self.ctx.__exit__(*exc)
 
-    base.gathered_for_generation = Recording
+    hf.gathered_for_generation = Recording
     return info
 
 
@@ -540,13 +540,13 @@ def run_uneven(out):
 
     # 4. one step; rank 0's branches all end after turn 1
     calls = []
-    generate = trainer.generate
+    generate = trainer.generation.generate
 
     def counted(prompts_per_agent, num_generations, greedy=False):
         calls.append([len(p) for p in prompts_per_agent])
         return generate(prompts_per_agent, num_generations, greedy)
 
-    trainer.generate = counted
+    trainer.generation.generate = counted
     trainer.train()
     result["global_step"] = trainer.state.global_step
     result["train_generate_calls"] = list(calls)

@@ -83,7 +83,7 @@ def main() -> None:
         models[f"reference_{i + 1}"] = getattr(ref, "module", ref)
     record["built"] = holdings()
 
-    gather = trainer._gathered_for_generation
+    gather = trainer.generation._gathered
 
     class Generating:
         def __init__(self, model):
@@ -99,7 +99,7 @@ def main() -> None:
             state["generating"] = False
             return self.ctx.__exit__(*exc)
 
-    trainer._gathered_for_generation = Generating
+    trainer.generation._gathered = Generating
     trainer.train()
     PartitionedParameterCoordinator.fetch_sub_module = fetch
     persistence = trainer.deepspeed._config.zero_config.param_persistence_threshold

@@ -28,11 +28,16 @@ from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from trl_marl.checkpointing.checksums import file_digests, mismatched_files
+
 __all__ = [
     "COMPLETE_MARKER",
     "PREEMPTED_EXIT_CODE",
     "CheckpointError",
+    "checkpoint_identity",
     "checkpoint_status",
+    "damaged_files",
+    "is_staging_folder",
     "commit_checkpoint",
     "latest_complete_checkpoint",
     "resolve_resume_checkpoint",
@@ -78,6 +83,11 @@ def write_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def is_staging_folder(path: str) -> bool:
+    """Whether `path` is a checkpoint's staging folder (`.tmp-checkpoint-N`)."""
+    return bool(_STAGING_RE.match(os.path.basename(os.path.normpath(path))))
+
+
 def staging_folder(final: str) -> str:
     """The staging folder of checkpoint folder `final` (same parent, so the rename is atomic)."""
     parent, name = os.path.split(os.path.normpath(final))
@@ -110,7 +120,7 @@ class _Syncer:
                     self.futures[path] = self.pool.submit(_fsync_file, path)
 
     def finish(self) -> list[dict]:
-        """fsync everything (files, then folders); return the file list with sizes."""
+        """fsync everything (files, then folders); return the file list with sizes and SHA-256 digests."""
         self.submit_new()
         try:
             for future in self.futures.values():
@@ -120,12 +130,14 @@ class _Syncer:
                 future.result()
         finally:
             self.pool.shutdown(wait=True)
-        files = []
-        for path in self.futures:
-            try:
-                files.append({"path": os.path.relpath(path, self.folder), "size": os.path.getsize(path)})
-            except FileNotFoundError:
-                continue  # another process's temporary file, renamed since the walk
+        present = [p for p in self.futures if os.path.isfile(p)]  # not another process's renamed temporary file
+        # hashed now, after every process has finished writing (a file of another rank may still have been growing
+        # when the walk met it); the pages are in memory, and hashlib hashes on several threads at once
+        digests = file_digests(present)
+        files = [
+            {"path": os.path.relpath(p, self.folder), "size": os.path.getsize(p), "sha256": d}
+            for p, d in zip(present, digests)
+        ]
         return sorted(files, key=lambda f: f["path"])
 
     def abandon(self) -> None:
@@ -156,14 +168,17 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def commit_checkpoint(staging: str, final: str, step: int, syncer: _Syncer | None = None) -> None:
-    """Make the checkpoint in `staging` visible as `final`: fsync its files, write the completion marker, fsync,
-    rename. A `final` left from an earlier run (same step) is moved aside and removed after the rename."""
+def commit_checkpoint(
+    staging: str, final: str, step: int, syncer: _Syncer | None = None, identity: dict | None = None
+) -> None:
+    """Make the checkpoint in `staging` visible as `final`: fsync its files, write the completion marker (every file
+    with its size and SHA-256, and the writer's `identity`: trainer, algorithm, team), fsync, rename. A `final` left
+    from an earlier run (same step) is moved aside and removed after the rename."""
     files = (syncer or _Syncer(staging)).finish()
     write_point("fsync")
     marker = os.path.join(staging, COMPLETE_MARKER)
     with open(marker, "w", encoding="utf-8") as f:
-        json.dump({"global_step": step, "files": files}, f)
+        json.dump({"global_step": step, "files": files, "identity": identity or {}}, f)
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(staging)
@@ -237,9 +252,52 @@ def latest_complete_checkpoint(output_dir: str, warn: bool = True) -> str | None
     return best
 
 
-def resolve_resume_checkpoint(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:
+def checkpoint_identity(folder: str) -> dict:
+    """What wrote the complete checkpoint `folder` (its marker's `identity`: trainer, algorithm, team); `{}` for a
+    checkpoint of an earlier version."""
+    try:
+        with open(os.path.join(folder, COMPLETE_MARKER), encoding="utf-8") as f:
+            identity = json.load(f).get("identity") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return identity if isinstance(identity, dict) else {}
+
+
+def damaged_files(folder: str) -> list[str]:
+    """The files of the complete checkpoint `folder` whose bytes differ from what its marker recorded (SHA-256; a
+    checkpoint of an earlier version, without digests, is checked by size)."""
+    with open(os.path.join(folder, COMPLETE_MARKER), encoding="utf-8") as f:
+        return mismatched_files(folder, json.load(f)["files"])
+
+
+def _describe(identity: dict) -> str:
+    team = identity.get("agents")
+    agents = f" with {len(team)} agent(s) ({', '.join(map(str, team))})" if isinstance(team, list) else ""
+    return f"{identity.get('trainer', 'an unknown trainer')} (algorithm {identity.get('algorithm', '?')}){agents}"
+
+
+def _check_identity(path: str, expected: dict | None) -> None:
+    """A valid checkpoint of another trainer or another team is refused as such (it is not damaged)."""
+    found = checkpoint_identity(path)
+    if not expected or not found:
+        return
+    differ = [k for k in ("trainer", "algorithm", "num_agents") if k in found and found[k] != expected.get(k)]
+    if differ:
+        raise CheckpointError(
+            f"cannot resume from {path}: it was written by {_describe(found)} and this run is "
+            f"{_describe(expected)} (different {', '.join(differ)}); the checkpoint is intact: resume it with the "
+            "trainer and team that wrote it, or give this run another output_dir"
+        )
+
+
+def resolve_resume_checkpoint(
+    resume_from_checkpoint: str | bool | None, output_dir: str, identity: dict | None = None
+) -> str | None:
     """The checkpoint folder to resume from: `True` means the latest complete one in `output_dir` (an error when
-    there is none); a path must be a complete checkpoint (an error naming it and the latest complete one if not)."""
+    there is none); a path must be a complete checkpoint (an error naming it and the latest complete one if not).
+    The chosen checkpoint's files are checked against their recorded SHA-256 (an error naming every damaged file and
+    the intact checkpoint to resume from instead), and against `identity` (the resuming trainer, algorithm and team:
+    a checkpoint of another trainer or team is refused as such, never called damaged)."""
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
         return None
     if resume_from_checkpoint is True:
@@ -249,14 +307,48 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str | bool | None, output_
                 f"resume_from_checkpoint=True but {output_dir} holds no complete checkpoint "
                 f"({PREFIX_CHECKPOINT_DIR}-N with {COMPLETE_MARKER}); start without resume_from_checkpoint"
             )
-        return path
-    path = os.fspath(resume_from_checkpoint)
-    problem = checkpoint_status(path)
-    if problem is not None:
-        latest = latest_complete_checkpoint(os.path.dirname(os.path.normpath(path)) or ".", warn=False)
-        hint = f"resume from {latest} (the latest complete one)" if latest else "start without resume_from_checkpoint"
-        raise CheckpointError(f"cannot resume from {path}: {problem}; delete it and {hint}")
+    else:
+        path = os.fspath(resume_from_checkpoint)
+        problem = checkpoint_status(path)
+        if problem is not None:
+            parent = os.path.dirname(os.path.normpath(path)) or "."
+            latest = latest_complete_checkpoint(parent, warn=False)
+            hint = (
+                f"resume from {latest} (the latest complete one)" if latest else "start without resume_from_checkpoint"
+            )
+            if not os.path.isdir(path):
+                raise CheckpointError(f"cannot resume from {path}: no such folder; check the path, or {hint}")
+            raise CheckpointError(f"cannot resume from {path}: {problem}; {hint} (this one cannot be resumed)")
+    _check_identity(path, identity)
+    damaged = damaged_files(path)
+    if damaged:
+        parent = os.path.dirname(os.path.normpath(path)) or "."
+        intact = [
+            c
+            for c in _complete_checkpoints(parent)
+            if _step_of(os.path.basename(c)) < (_step_of(os.path.basename(os.path.normpath(path))) or 0)
+            and not damaged_files(c)
+        ]
+        hint = (
+            f"resume from {intact[0]} (the latest intact one before it)"
+            if intact
+            else "no intact checkpoint precedes it: start without resume_from_checkpoint"
+        )
+        raise CheckpointError(f"cannot resume from {path}: damaged file(s): {'; '.join(damaged)}; {hint}")
     return path
+
+
+def _complete_checkpoints(output_dir: str) -> list[str]:
+    """The complete checkpoints of `output_dir`, highest step first."""
+    found = sorted(
+        (
+            (step, name)
+            for name in os.listdir(output_dir)
+            if (step := _step_of(name)) is not None and _CHECKPOINT_RE.match(name)
+        ),
+        reverse=True,
+    )
+    return [os.path.join(output_dir, n) for _s, n in found if checkpoint_status(os.path.join(output_dir, n)) is None]
 
 
 class PreemptionHandler:
@@ -302,13 +394,14 @@ RESUME_STATE_FILE = "trl_marl_state_rank{rank}.pt"
 TRUSTED_ENV = "TRL_MARL_TRUSTED_CHECKPOINTS"
 
 
-def save_checkpoint_atomically(trainer, trial=None) -> str:
+def save_checkpoint_atomically(trainer, trial=None, identity: dict | None = None) -> str:
     """`transformers.Trainer._save_checkpoint`, made crash-safe (see the module docstring).
 
     Reuses the Trainer's own pieces (`save_model`, `_save_optimizer_and_scheduler`, `_save_scaler`,
     `_save_rng_state`, `TrainerState.save_to_json`, `rotate_checkpoints`) in the same order, into the staging folder;
     adds each process's resume state (`trainer._resume_state()`) and the trainer's `_save_checkpoint_extra(folder)`;
-    commits (fsync, marker, rename); only then pushes and rotates. Returns the final folder.
+    commits (fsync, marker with every file's SHA-256 and the writer's `identity`, rename); only then pushes and
+    rotates. Returns the final folder.
     """
     from transformers.trainer_utils import rotate_checkpoints
 
@@ -333,7 +426,7 @@ def save_checkpoint_atomically(trainer, trial=None) -> str:
             syncer.submit_new()
             trainer._save_rng_state(staging)
             write_point("rng")
-        _save_rest(trainer, staging, final, syncer)
+        _save_rest(trainer, staging, final, syncer, identity)
     except BaseException:
         syncer.abandon()
         raise
@@ -356,7 +449,7 @@ def save_checkpoint_atomically(trainer, trial=None) -> str:
     return final
 
 
-def _save_rest(trainer, staging: str, final: str, syncer: _Syncer) -> None:
+def _save_rest(trainer, staging: str, final: str, syncer: _Syncer, identity: dict | None) -> None:
     """The resume state, the trainer's extra files and the trainer state; then commit."""
     from transformers.trainer_callback import ExportableState
 
@@ -383,7 +476,7 @@ def _save_rest(trainer, staging: str, final: str, syncer: _Syncer) -> None:
         syncer.finish()  # this process's files (rng, resume state) are on disk before the main process commits
     trainer.accelerator.wait_for_everyone()
     if args.should_save:
-        commit_checkpoint(staging, final, state.global_step, syncer)
+        commit_checkpoint(staging, final, state.global_step, syncer, identity)
 
 
 def _atomic_torch_save(obj, path: str) -> None:

@@ -1,4 +1,9 @@
-"""The rollout tree: what generating returns (`GenerationOutput`), one agent's sampled completion (`Sample`), a node of the tree (`Node`) and a whole rollout (`Rollout`)."""
+"""The rollout tree: what generating returns (`GenerationOutput`), one agent's sampled completion (`Sample`), a node of
+the tree (`Node`) and a whole rollout (`Rollout`).
+
+The tree holds what the rollout produced (prompts, token ids, texts, rewards) and the reward-side data a trainer adds
+to it (the reference-KL penalty of each sample). Returns and advantages are not stored here: each algorithm computes
+them as tensors in its own step (`trl_marl.rollout.returns`)."""
 
 from __future__ import annotations
 
@@ -33,8 +38,6 @@ class Sample:
     completion: str
     prompt_ids: torch.Tensor
     completion_ids: torch.Tensor
-    ret: float = 0.0  # this agent's return for the sample (after penalties)
-    advantage: float = 0.0
     penalty: float = 0.0  # e.g. reference-KL penalty subtracted from this agent's reward
 
 
@@ -55,9 +58,7 @@ class Node:
     raw_rewards: torch.Tensor | None = None
     children: dict[int, int] = field(default_factory=dict)  # joint index -> child node id
     terminated: bool = False
-    returns: torch.Tensor | None = None  # (J, n) per-agent returns (discounted, penalties included)
     greedy_reward: float | None = None  # reward of the greedy joint action (ReMax's baseline), when sampled
-    undiscounted_returns: torch.Tensor | None = None  # (J,) mean over agents of the raw reward-to-go
 
 
 @dataclass
@@ -81,8 +82,10 @@ class Rollout:
         nodes = self.nodes if nodes is None else nodes
         return [self.samples[s] for n in nodes for s in n.samples[agent]]
 
-    def turn_metrics(self) -> dict[str, float]:
-        """`turn_k/reward_mean` and `turn_k/expected_return` (undiscounted reward-to-go), k counted from 1."""
+    def turn_metrics(self, team_to_go: Sequence[torch.Tensor] | None = None) -> dict[str, float]:
+        """`turn_k/reward_mean`, `turn_k/reward_std` and, given each node's `(J,)` undiscounted team reward-to-go
+        (`team_to_go[node.id]`, `trl_marl.rollout.returns.RolloutReturns`), `turn_k/expected_return`; k counts
+        from 1."""
         out: dict[str, float] = {}
         turns = sorted({n.turn for n in self.nodes})
         for t in turns:
@@ -90,12 +93,16 @@ class Rollout:
             rewards = torch.cat([_shared(n.rewards) for n in nodes])
             out[f"turn_{t + 1}/reward_mean"] = rewards.mean().item()
             out[f"turn_{t + 1}/reward_std"] = rewards.std(unbiased=False).item()
-            if all(n.undiscounted_returns is not None for n in nodes):
-                out[f"turn_{t + 1}/expected_return"] = torch.cat([n.undiscounted_returns for n in nodes]).mean().item()
+            if team_to_go is not None:
+                out[f"turn_{t + 1}/expected_return"] = torch.cat([team_to_go[n.id] for n in nodes]).mean().item()
         return out
 
-    def records(self) -> list[dict]:
-        """One JSON-able record per joint action (for traces): prompts, completions and reward of every agent."""
+    def records(
+        self, returns: Sequence[torch.Tensor] | None = None, advantages: Sequence[torch.Tensor] | None = None
+    ) -> list[dict]:
+        """One JSON-able record per joint action (for traces): prompts, completions and reward of every agent, and,
+        when given, the joint action's per-agent returns (`returns[node.id]`, `(J, n)`) and each agent's advantage
+        (`advantages[i]`, `(num_nodes, G)`; 0.0 where none is given)."""
         recs = []
         for n in self.nodes:
             for j, ks in enumerate(n.joint):
@@ -111,8 +118,10 @@ class Rollout:
                         "completions": [s.completion for s in samples],
                         "reward": rew.tolist(),
                         "raw_reward": n.raw_rewards[j].tolist(),
-                        "returns": n.returns[j].tolist() if n.returns is not None else None,
-                        "advantages": [s.advantage for s in samples],
+                        "returns": returns[n.id][j].tolist() if returns is not None else None,
+                        "advantages": [
+                            advantages[i][n.id, k].item() if advantages is not None else 0.0 for i, k in enumerate(ks)
+                        ],
                     }
                 )
         return recs

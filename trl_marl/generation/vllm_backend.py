@@ -8,7 +8,7 @@ Layouts (chosen from the team):
   serves every agent as a LoRA request in the same `generate` call (mixed adapters in one batch).
 
 Samples always come from the current policy: before a rollout, when the optimizer has stepped since the last push
-(`trainer.state.global_step` moved), each engine receives its agent's updated weights (gathered under ZeRO-3 first),
+(the trainer's `global_step` moved), each engine receives its agent's updated weights (gathered under ZeRO-3 first),
 or each agent's updated adapter under a new LoRA request id. Log-probs for the loss stay computed by the training
 model; on training rollouts the gap between vLLM's sampled log-probs and the trainer's is logged as TRL's GRPO logs
 it (`sampling/sampling_logp_difference/{mean,max}`, plus a per-agent mean), so a silent divergence shows.
@@ -32,7 +32,8 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,9 +41,11 @@ from packaging.version import Version
 from torch import nn
 
 from trl_marl.data_types.rollout import GenerationOutput
+from trl_marl.data_types.text import PromptText
+from trl_marl.generation.engine import GenerationEngine
 
 if TYPE_CHECKING:
-    from trl_marl.trainers.base import MultiAgentTrainer
+    from trl_marl.generation.hf import HFGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -133,10 +136,10 @@ def validate_vllm_args(args: Any) -> None:
         )
     if args.vllm_model_impl not in ("vllm", "transformers", "auto"):
         raise ValueError(f"vllm_model_impl must be 'vllm', 'transformers' or 'auto', got {args.vllm_model_impl!r}")
-    if args.vllm_max_model_length is not None and args.vllm_max_model_length <= args.max_new_tokens:
+    if args.vllm_max_model_length is not None and args.vllm_max_model_length <= args.max_completion_length:
         raise ValueError(
-            f"vllm_max_model_length ({args.vllm_max_model_length}) must exceed max_new_tokens ({args.max_new_tokens})"
-            ": it holds the prompt and the completion"
+            f"vllm_max_model_length ({args.vllm_max_model_length}) must exceed max_completion_length "
+            f"({args.max_completion_length}): it holds the prompt and the completion"
         )
     if args.parallel_training == "mp":
         raise ValueError(
@@ -242,22 +245,42 @@ def _lora_rank(peft_config) -> int:
     raise ValueError(f"peft_config.r={r} is above the largest LoRA rank vLLM serves ({_VLLM_LORA_RANKS[-1]})")
 
 
-class VLLMTeamGeneration:
-    """The colocated vLLM engines of one trainer (see the module docstring). `trainer.generate` calls `generate`.
+class VLLMTeamGeneration(GenerationEngine):
+    """The colocated vLLM engines of one trainer (see the module docstring): they sample the team's agents; other
+    models (a comparator's) and the handles to the team (accelerator, tokenizers, EOS ids) are the transformers
+    engine's it wraps.
+
+    Args:
+        transformers_engine: the trainer's `HFGeneration`.
+        args: the trainer config (its `vllm_*` fields, sampling settings, `seed`, `logging_*`).
+        peft_config: the agents' PEFT config (the LoRA rank a multi-LoRA engine serves), or None.
+        policy_version: returns the trainer's `global_step`; the engines are re-synced when it moved.
+        record_metric: `record_metric(name, value)` adds a training metric (the log-prob gap).
 
     Attributes (for benchmarks): `startup_seconds` (engine starts), `sync_seconds` / `num_syncs` (weight pushes),
     `generate_seconds` (vLLM `generate` calls), `gap_seconds` (the trainer-side scoring of the log-prob gap metric).
     """
 
-    def __init__(self, trainer: MultiAgentTrainer):
+    def __init__(
+        self,
+        transformers_engine: HFGeneration,
+        args: Any,
+        peft_config: Any,
+        policy_version: Callable[[], int],
+        record_metric: Callable[[str, float], None],
+    ):
         check_vllm_available()
         from trl.distributed import DistributedBackend
 
-        self.trainer = trainer
-        args = trainer.args
-        team = trainer.team
+        self.transformers = transformers_engine
+        self.args = args
+        self.accelerator = accelerator = transformers_engine.accelerator
+        self.tokenizers, self.eos_ids = transformers_engine.tokenizers, transformers_engine.eos_ids
+        self._policy_version = policy_version
+        self._record_metric = record_metric
+        team = self.team
         self.num_agents = team.num_agents
-        self._dist = DistributedBackend(trainer.accelerator)
+        self._dist = DistributedBackend(accelerator)
         self.lora = bool(team.shared_base and args.vllm_enable_lora)
         self.enable_sleep_mode = args.vllm_enable_sleep_mode
         self._scratch = tempfile.mkdtemp(prefix="trl_marl_vllm-")
@@ -269,7 +292,7 @@ class VLLMTeamGeneration:
         self.num_syncs = 0
         self.generate_seconds = 0.0
         self.gap_seconds = 0.0
-        _set_distributed_env(trainer.accelerator)
+        _set_distributed_env(accelerator)
         t0 = time.perf_counter()
         if self.lora and not torch.cuda.is_available():
             logger.warning(
@@ -278,19 +301,42 @@ class VLLMTeamGeneration:
                 "model); vllm_enable_lora=False is faster on CPU (docs/vllm.md)"
             )
         if self.lora:
-            self.engines = [self._start_engine(team.shared, lora_rank=_lora_rank(trainer.peft_config))]
+            self.engines = [self._start_engine(team.shared, lora_rank=_lora_rank(peft_config))]
         else:
             self.engines = [self._start_engine(agent) for agent in team.agents]
         self.startup_seconds = time.perf_counter() - t0
         self._sleeping = False
         if self.enable_sleep_mode:
             self._sleep()
-        trainer.accelerator.wait_for_everyone()
+        accelerator.wait_for_everyone()
+
+    @property
+    def team(self) -> nn.Module:
+        return self.transformers.team
+
+    @property
+    def collective(self) -> bool:
+        return self.transformers.collective
+
+    def unwrapped_team(self) -> AbstractContextManager[nn.Module]:
+        return self.transformers.unwrapped_team()
+
+    def generate_with(
+        self,
+        models: Sequence[nn.Module],
+        tokenizers: Sequence[Any],
+        prompts_per_agent: Sequence[Sequence[PromptText]],
+        num_generations: int,
+        eos_ids: Sequence[list[int]] | None = None,
+        greedy: bool = False,
+    ) -> list[GenerationOutput]:
+        """Other models than the team's agents sample with transformers (`HFGeneration.generate_with`)."""
+        return self.transformers.generate_with(models, tokenizers, prompts_per_agent, num_generations, eos_ids, greedy)
 
     def _start_engine(self, model: nn.Module, lora_rank: int | None = None):
         from vllm import LLM
 
-        args = self.trainer.args
+        args = self.args
         folder, load_format = _engine_folder(model, self._scratch)
         dtype = next(_base_model(model).parameters()).dtype
         kwargs: dict[str, Any] = dict(
@@ -303,7 +349,7 @@ class VLLMTeamGeneration:
             enable_sleep_mode=self.enable_sleep_mode,
             model_impl=args.vllm_model_impl,
             distributed_executor_backend="external_launcher",  # in-process engine, as TRL's colocate mode
-            seed=args.seed + self.trainer.accelerator.process_index,
+            seed=args.seed + self.accelerator.process_index,
             max_num_batched_tokens=4096,
             logprobs_mode="processed_logprobs",  # temperature applied, as the trainer scores
             enforce_eager=not torch.cuda.is_available(),
@@ -329,7 +375,7 @@ class VLLMTeamGeneration:
     def sync_weights(self) -> None:
         """Push the agents' current weights (or adapters) into the engines."""
         t0 = time.perf_counter()
-        team = self.trainer.team
+        team = self.team
         if self.lora:
             self._push_adapters(team)
         else:
@@ -345,7 +391,7 @@ class VLLMTeamGeneration:
                 )
                 llm.apply_model(_refresh_tied_lm_head)
                 llm.reset_prefix_cache()
-        self._synced_step = self.trainer.state.global_step
+        self._synced_step = self._policy_version()
         self.sync_seconds += time.perf_counter() - t0
         self.num_syncs += 1
 
@@ -375,16 +421,16 @@ class VLLMTeamGeneration:
     def _ensure_current(self) -> None:
         if self._sleeping:
             self._wake()
-        if self._synced_step != self.trainer.state.global_step:
+        if self._synced_step != self._policy_version():
             self.sync_weights()
 
     # ------------------------------------------------------------------ generation
     def _sampling_params(self, n: int, eos_ids: list[int], greedy: bool, logprobs: bool = True):
         from vllm import SamplingParams
 
-        args = self.trainer.args
+        args = self.args
         common = dict(
-            n=n, max_tokens=args.max_new_tokens, stop_token_ids=list(eos_ids), logprobs=0 if logprobs else None
+            n=n, max_tokens=args.max_completion_length, stop_token_ids=list(eos_ids), logprobs=0 if logprobs else None
         )
         if greedy:
             return SamplingParams(temperature=0.0, **common)
@@ -395,24 +441,25 @@ class VLLMTeamGeneration:
         `max_prompt_length`."""
         if not prompts:
             return []
-        tok = self.trainer.tokenizers[i]
+        tok = self.tokenizers[i]
         chat = bool(prompts) and getattr(prompts[0], "chat", False)
         rows = tok(list(prompts), add_special_tokens=not chat)["input_ids"]
-        cut = self.trainer.args.max_prompt_length
+        cut = self.args.max_prompt_length
         return [r[-cut:] if cut is not None else r for r in rows]
 
     @torch.no_grad()
-    def generate(self, prompts_per_agent: list[list], num_generations: int, greedy: bool = False):
+    def generate(
+        self, prompts_per_agent: Sequence[Sequence[PromptText]], num_generations: int, greedy: bool = False
+    ) -> list[GenerationOutput]:
         """`num_generations` samples per prompt for every agent (greedy: one greedy decode), rows prompt-major, as
-        `MultiAgentTrainer.generate` returns them; each output also carries vLLM's per-token `sampling_logprobs`, except
+        the transformers engine returns them; each output also carries vLLM's per-token `sampling_logprobs`, except
         on a training rollout whose step will not be logged (there they would feed nothing: None)."""
         self._ensure_current()
-        trainer = self.trainer
         G = 1 if greedy else num_generations
         # vLLM's sampled log-probs feed only the gap metric: a training rollout whose step is not logged does not
         # ask for them (building them costs about 13% of a tiny model's generate call on CPU); other calls
         # (evaluation, a user's) still return them
-        training = trainer.model.training and not greedy
+        training = self.team.training and not greedy
         gap_metric = training and self._logging_rollout()
         want_logprobs = gap_metric or not training
         t0 = time.perf_counter()
@@ -423,7 +470,7 @@ class VLLMTeamGeneration:
                 rows += ids
                 requests += [self._lora_requests[i]] * len(ids)
                 owners += [i] * len(ids)
-            params = self._sampling_params(G, trainer.eos_ids[0], greedy, want_logprobs)
+            params = self._sampling_params(G, self.eos_ids[0], greedy, want_logprobs)
             results = (  # no rows: a process in step with the others (trl_marl.distributed.collective)
                 self.engines[0].generate(
                     [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False, lora_request=requests
@@ -437,7 +484,7 @@ class VLLMTeamGeneration:
         else:
             per_agent = []
             for i, ids in enumerate(prompt_ids):
-                params = self._sampling_params(G, trainer.eos_ids[i], greedy, want_logprobs)
+                params = self._sampling_params(G, self.eos_ids[i], greedy, want_logprobs)
                 per_agent.append(
                     self.engines[i].generate([{"prompt_token_ids": r} for r in ids], params, use_tqdm=False)
                     if ids  # no prompts: a process in step with the others (trl_marl.distributed.collective)
@@ -457,15 +504,15 @@ class VLLMTeamGeneration:
     def _logging_rollout(self) -> bool:
         """Whether the step this rollout feeds will be logged (`logging_steps` from the config: the Trainer's state
         holds it only once its loop runs, and collection phases sample before that)."""
-        args = self.trainer.args
+        args = self.args
         every = args.logging_steps
         if str(getattr(args.logging_strategy, "value", args.logging_strategy)) != "steps" or not every or every < 1:
             return True
-        return (self.trainer.state.global_step + 1) % int(every) == 0
+        return (self._policy_version() + 1) % int(every) == 0
 
     def _to_output(self, i: int, prompt_ids: list[list[int]], results: list) -> GenerationOutput:
         """One agent's rows: completions cut after their first EOS, their text, prompt ids and vLLM's log-probs."""
-        eos = set(self.trainer.eos_ids[i])
+        eos = set(self.eos_ids[i])
         comp, prompts, logps = [], [], []
         scored = False
         for ids, res in zip(prompt_ids, results):
@@ -482,7 +529,7 @@ class VLLMTeamGeneration:
                 comp.append(torch.tensor(tokens, dtype=torch.long))
                 prompts.append(torch.tensor(ids, dtype=torch.long))
                 logps.append(torch.tensor(lp, dtype=torch.float32))
-        texts = self.trainer.tokenizers[i].batch_decode([c.tolist() for c in comp], skip_special_tokens=True)
+        texts = self.tokenizers[i].batch_decode([c.tolist() for c in comp], skip_special_tokens=True)
         return GenerationOutput(texts, prompts, comp, sampling_logprobs=logps if scored else None)
 
     def _record_logprob_gap(self, outputs: list[GenerationOutput]) -> None:
@@ -491,18 +538,17 @@ class VLLMTeamGeneration:
         from trl_marl.data_types.batches import collate_agent_batch
         from trl_marl.models.team import agent_token_logprobs
 
-        trainer = self.trainer
-        metrics = trainer._metrics["train"]
+        team, temperature = self.team, self.args.temperature
         means, maxes = [], []
         for i, out in enumerate(outputs):
+            pad_id = self.tokenizers[i].pad_token_id
             if not out.completion_ids or all(c.numel() == 0 for c in out.completion_ids):
-                if trainer.collective_generation:  # the forward is a collective (ZeRO-3 / FSDP2): take part in it
-                    pad = torch.tensor([trainer.tokenizers[i].pad_token_id])
-                    placeholder = collate_agent_batch([pad], [pad], trainer.tokenizers[i].pad_token_id)
-                    agent_token_logprobs(trainer.team.agents[i], placeholder, trainer.args.temperature)
+                if self.collective:  # the forward is a collective (ZeRO-3 / FSDP2): take part in it
+                    pad = torch.tensor([pad_id])
+                    agent_token_logprobs(team.agents[i], collate_agent_batch([pad], [pad], pad_id), temperature)
                 continue
-            batch = collate_agent_batch(out.prompt_ids, out.completion_ids, trainer.tokenizers[i].pad_token_id)
-            ours = agent_token_logprobs(trainer.team.agents[i], batch, trainer.args.temperature).float().cpu()
+            batch = collate_agent_batch(out.prompt_ids, out.completion_ids, pad_id)
+            ours = agent_token_logprobs(team.agents[i], batch, temperature).float().cpu()
             theirs = torch.full_like(ours, math.nan)
             for r, lp in enumerate(out.sampling_logprobs):
                 theirs[r, : lp.numel()] = lp
@@ -512,10 +558,10 @@ class VLLMTeamGeneration:
                 continue
             means.append(delta.mean().item())
             maxes.append(delta.max().item())
-            metrics[f"agent_{i + 1}/sampling/sampling_logp_difference/mean"].append(means[-1])
+            self._record_metric(f"agent_{i + 1}/sampling/sampling_logp_difference/mean", means[-1])
         if means:
-            metrics["sampling/sampling_logp_difference/mean"].append(sum(means) / len(means))
-            metrics["sampling/sampling_logp_difference/max"].append(max(maxes))
+            self._record_metric("sampling/sampling_logp_difference/mean", sum(means) / len(means))
+            self._record_metric("sampling/sampling_logp_difference/max", max(maxes))
 
     def close(self) -> None:
         """Drop the engines and the scratch folder."""

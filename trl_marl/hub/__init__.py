@@ -44,6 +44,7 @@ from trl_marl.hub.settings import (
     clear_saved_team,
     read_team_description,
     safe_training_config,
+    saved_team_entries,
     team_metadata,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "build_team_card",
     "check_hub_settings",
     "clear_saved_team",
+    "saved_team_entries",
     "init_trainer_repos",
     "push_team_to_hub",
     "push_trainer",

@@ -11,6 +11,7 @@ from typing import Any
 import huggingface_hub
 from huggingface_hub.errors import RepositoryNotFoundError
 
+from trl_marl.checkpointing.checksums import verify_saved_agent
 from trl_marl.checkpointing.state_files import CorruptedStateError
 from trl_marl.hub.cards import write_model_cards
 from trl_marl.hub.push import push_team_to_hub
@@ -177,6 +178,7 @@ class AgentTeam:
             loading_kwargs.setdefault("token", token)
         agents, tokenizers = [], []
         for folder in folders:
+            verify_saved_agent(folder)
             model = _load_agent_model(folder, **loading_kwargs)
             agents.append(model.eval())
             tokenizers.append(_load_agent_tokenizer(folder, token))

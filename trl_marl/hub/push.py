@@ -21,6 +21,7 @@ import huggingface_hub
 import huggingface_hub.errors
 from huggingface_hub import HfApi
 
+from trl_marl.checkpointing.checksums import CHECKSUM_FILE
 from trl_marl.hub.cards import write_model_cards
 from trl_marl.hub.settings import (
     CARD_FILE,
@@ -137,7 +138,7 @@ def _upload(
                 token=token,
                 revision=revision,
                 run_as_future=run_as_future,
-                allow_patterns=["*/*", TEAM_FILE, CARD_FILE],
+                allow_patterns=["*/*", TEAM_FILE, CARD_FILE, CHECKSUM_FILE],
                 ignore_patterns=list(UPLOAD_IGNORE),
             )
         return [upload]

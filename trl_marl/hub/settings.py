@@ -244,6 +244,17 @@ def validate_team_description(description: dict, path: str) -> dict:
 _SAVED_TEAM_ENTRY = re.compile(r"^(agent_\d+|critic|critic_\d+|reward_model)$")
 
 
+def saved_team_entries(folder: str | os.PathLike) -> list[str]:
+    """The top-level names of `folder` that a team save writes (`agent_<i>/`, `critic/`, `critic_<i>/`,
+    `reward_model/`, `team.json`, `training_args.bin`): what its checksums cover."""
+    return sorted(
+        name
+        for name in os.listdir(folder)
+        if (_SAVED_TEAM_ENTRY.match(name) and os.path.isdir(os.path.join(folder, name)))
+        or name in (TEAM_FILE, "training_args.bin")
+    )
+
+
 def clear_saved_team(folder: str | os.PathLike) -> list[str]:
     """Remove what an earlier team save left in `folder` (`agent_<i>/`, `critic/`, `critic_<i>/`, `reward_model/`,
     `team.json`) so that a new save holds only what the run writes; other entries (the user's files, `checkpoint-*`,
@@ -258,7 +269,7 @@ def clear_saved_team(folder: str | os.PathLike) -> list[str]:
         if os.path.isdir(path) and not os.path.islink(path) and _SAVED_TEAM_ENTRY.match(name):
             shutil.rmtree(path)
             removed.append(name)
-        elif name == TEAM_FILE and os.path.isfile(path):
+        elif name in (TEAM_FILE, "checksums.json") and os.path.isfile(path):
             os.remove(path)
             removed.append(name)
     return removed

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from trl_marl.checkpointing.checksums import verify_saved_agent
 from trl_marl.data_types.text import UNKNOWN_EOS, CompletionText
 
 __all__ = [
@@ -101,6 +102,7 @@ def check_model_source(src: str) -> None:
 
 
 def _check_model_folder(src: str, path: str) -> None:
+    verify_saved_agent(path)  # an agent folder of a saved team: its bytes as written (checksums.json)
     files = set(os.listdir(path))
     if "config.json" not in files and "adapter_config.json" in files:
         import json

@@ -2,7 +2,8 @@
 
 `TeamModel` is ONE `nn.Module` holding every agent, so a single accelerate / DeepSpeed engine wraps the whole team
 (accelerate cannot hold several DeepSpeed engines in one process) and one optimizer holds a parameter group per agent.
-Its `forward` scores a batch of completions for every agent in one call: one masked forward pass per agent.
+Its `forward` scores a batch of completions for every agent in one call: one masked forward pass per agent, returning
+the log-probs and, on the loss's forward (with gradients), each agent's token entropy.
 """
 
 from __future__ import annotations
@@ -66,9 +67,6 @@ class TeamModel(nn.Module):
         # The sampling temperature the completions were drawn at: every log-prob of a sampled completion is taken on
         # logits / temperature (as TRL's GRPOTrainer does), so the gradient is that of the policy that sampled.
         self.temperature = 1.0
-        # Per agent, the masked mean token entropy (nats, on logits / temperature) of the last forward pass that ran
-        # with gradients (the loss's forward); None where an agent was skipped. Read by the trainer for logging.
-        self.last_entropy: list[float | None] | None = None
 
     @property
     def shared_base(self) -> bool:
@@ -134,14 +132,19 @@ class TeamModel(nn.Module):
         for a in self._backbones():
             a.enable_input_require_grads()
 
-    def forward(self, agent_batches: Sequence[AgentBatch | None]) -> list[torch.Tensor | None]:
-        """Per-token log-probabilities of each agent's completions.
+    def forward(self, agent_batches: Sequence[AgentBatch | None]) -> dict[str, list]:
+        """Per-token log-probabilities of each agent's completions, and their entropy.
 
-        `agent_batches[i]` is agent i's batch (or None to skip it). Returns, per agent, a `(B_i, C_i)` tensor of
-        completion-token log-probs (multiply by `batch.completion_mask` and sum for sequence log-probs).
-        One forward pass per agent, for the whole batch. A batch that is not an `AgentBatch` brings its own
-        forward scheme: `batch.token_logps(agent, temperature, return_entropy)` returning `(log-probs, per-token
-        entropy or None)` with `batch.shift_completion_mask` over them (MADPO's TRL-layout preference batch).
+        `agent_batches[i]` is agent i's batch (or None to skip it). One forward pass per agent, for the whole batch.
+        A batch that is not an `AgentBatch` brings its own forward scheme: `batch.token_logps(agent, temperature,
+        return_entropy)` returning `(log-probs, per-token entropy or None)` with `batch.shift_completion_mask` over
+        them (MADPO's TRL-layout preference batch).
+
+        Returns a dict of lists, one entry per agent (None for a skipped agent):
+            `logprobs[i]`: `(B_i, C_i)` completion-token log-probs (multiply by `batch.completion_mask` and sum for
+                sequence log-probs);
+            `entropy[i]`: the mean token entropy (nats, of logits / temperature) over the scored completion tokens, a
+                float, when the forward runs with gradients (the loss's forward, the one to log); else None.
         """
         if len(agent_batches) != len(self.agents):
             raise ValueError(f"expected {len(self.agents)} agent batches, got {len(agent_batches)}")
@@ -161,9 +164,7 @@ class TeamModel(nn.Module):
                 mask = batch.shift_completion_mask
             logps.append(logp)
             entropies.append(masked_mean_entropy(entropy[0], mask) if record else None)
-        if record:
-            self.last_entropy = entropies
-        return logps
+        return {"logprobs": logps, "entropy": entropies}
 
 
 def forward_completions(

@@ -283,6 +283,8 @@ class ActorCriticTeam(TeamModel):
 
         Returns a dict of lists:
             `logprobs[i]`: `(B_i, C_i)` completion-token log-probs of agent i;
+            `entropy[i]`: agent i's mean token entropy on the loss's forward (with gradients), else None
+                (`TeamModel.forward`);
             `values[i]`: `(B_i,)` values of agent i's value head (None without value heads);
             `critic_values[k]`: `(B_k,)` values of critic k.
         """
@@ -291,7 +293,7 @@ class ActorCriticTeam(TeamModel):
         logprobs: list[torch.Tensor | None] = []
         values: list[torch.Tensor | None] = []
         entropies: list[float | None] = []
-        record = torch.is_grad_enabled()  # the loss's forward: keep the entropies for logging (TeamModel.forward)
+        record = torch.is_grad_enabled()  # the loss's forward: return the entropies for logging (TeamModel.forward)
         T = self.temperature
         for i, (agent, batch) in enumerate(zip(self.agents, agent_batches)):
             if batch is None:
@@ -306,8 +308,6 @@ class ActorCriticTeam(TeamModel):
             entropies.append(
                 masked_mean_entropy(res[2], batch.completion_mask) if record and batch is not None else None
             )
-        if record:
-            self.last_entropy = entropies
         critic_values: list[torch.Tensor | None] = []
         if critic_batches is not None:
             if len(critic_batches) != len(self.critics):
@@ -318,7 +318,7 @@ class ActorCriticTeam(TeamModel):
                     continue
                 cb = cb.to(next(critic.parameters()).device)
                 critic_values.append(critic(cb.input_ids, cb.attention_mask))
-        return {"logprobs": logprobs, "values": values, "critic_values": critic_values}
+        return {"logprobs": logprobs, "entropy": entropies, "values": values, "critic_values": critic_values}
 
 
 # ---------------------------------------------------------------------------------------------------- loading

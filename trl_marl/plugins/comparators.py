@@ -149,22 +149,10 @@ class CurrentComparator(ModelComparator):
         return list(trainer.team.agents), trainer.tokenizers
 
     def sample(self, trainer, models, tokenizers, prompts_per_agent, G):
-        from contextlib import nullcontext
-
-        from trl.models.utils import unwrap_model_for_generation
-
-        from trl_marl.distributed.zero3 import hooks_removed
-
-        # the live agents may be sharded: as the trainer's own generation (`MultiAgentTrainer.generate`), no
-        # whole-team gather under ZeRO-3 (`generate_with` gathers one agent at a time; a team gather around it
-        # would nest two gathers of the same parameters, which DeepSpeed refuses)
-        zero3 = trainer._zero3()
-        with (
-            unwrap_model_for_generation(
-                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=not zero3
-            ),
-            hooks_removed(trainer.model_wrapped) if zero3 else nullcontext(),
-        ):
+        # the live agents may be sharded: as the trainer's own generation, no whole-team gather under ZeRO-3
+        # (`generate_with` gathers one agent at a time; a team gather around it would nest two gathers of the same
+        # parameters, which DeepSpeed refuses)
+        with trainer.generation.unwrapped_team():
             return super().sample(trainer, models, tokenizers, prompts_per_agent, G)
 
 

@@ -1,15 +1,16 @@
-"""The joint rollout: from task items to a rollout tree (`engine.JointRollout`), prompts from items (`prompts`), and
-the single-model adapter of centralized training (`centralized`). The tree's types live in
-`trl_marl.data_types.rollout`."""
+"""The joint rollout: from task items to a rollout tree (`engine.JointRollout`), its returns as tensors (`returns`),
+prompts from items (`prompts`), and the single-model adapter of centralized training (`centralized`). The tree's
+types live in `trl_marl.data_types.rollout`."""
 
 from __future__ import annotations
 
 import importlib
 
-from trl_marl.rollout.engine import JOINT_MODES, JointRollout, assign_returns, tree_size
+from trl_marl.rollout.engine import JOINT_MODES, JointRollout, tree_size
+from trl_marl.rollout.returns import RolloutReturns, rollout_returns
 from trl_marl.utils.deprecation import TrlMarlDeprecationWarning, warn_deprecated
 
-__all__ = ["JOINT_MODES", "JointRollout", "assign_returns", "tree_size"]
+__all__ = ["JOINT_MODES", "JointRollout", "RolloutReturns", "rollout_returns", "tree_size"]
 
 # names this module had before the rollout's data types moved to trl_marl.data_types.rollout (one release)
 _MOVED = {name: "trl_marl.data_types.rollout" for name in ("GenerationOutput", "Sample", "Node", "Rollout")}

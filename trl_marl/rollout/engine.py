@@ -1,4 +1,11 @@
-"""TODO docstring"""
+"""`JointRollout`: task items in, a rollout tree out.
+
+For each item every agent formats its prompt; each turn, every agent samples G completions per node in ONE batched
+call of the generation engine; the completions combine into joint actions (`joint_mode`: aligned or cross) that ONE
+reward call scores; with `num_turns > 1` the external transition builds each next turn's prompts per joint action.
+The result is a `Rollout` (`trl_marl.data_types.rollout`); returns and advantages are the trainer's
+(`trl_marl.rollout.returns`).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +17,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
-from trl_marl.algorithms.advantages import baseline_advantages, cross_sample_returns, group_advantages, tree_returns
 from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample, _shared
 from trl_marl.data_types.text import PromptText
 from trl_marl.distributed.collective import any_over_processes
 from trl_marl.rewards import RewardFunction
 from trl_marl.rollout.prompts import formatter_failure
 
-__all__ = ["logger", "JOINT_MODES", "TREE_WARN_SIZE", "GenerateFn", "tree_size", "JointRollout", "assign_returns"]
+__all__ = ["logger", "JOINT_MODES", "TREE_WARN_SIZE", "GenerateFn", "tree_size", "JointRollout"]
 
 
 logger = logging.getLogger(__name__)
@@ -105,6 +109,32 @@ class JointRollout:
                 stacklevel=2,
             )
 
+    @classmethod
+    def from_config(
+        cls,
+        args: Any,
+        formatters: Sequence[Callable],
+        render: Callable[[int, Any], PromptText],
+        reward: RewardFunction,
+        external_transition: Callable | None = None,
+        synced: bool = False,
+    ) -> JointRollout:
+        """The rollout of a trainer config (`num_agents`, `num_generations`, `joint_mode`, `num_turns`,
+        `external_prompt_passthrough`, `early_termination_threshold`)."""
+        return cls(
+            num_agents=args.num_agents,
+            formatters=formatters,
+            render=render,
+            reward=reward,
+            num_generations=args.num_generations,
+            joint_mode=args.joint_mode,
+            num_turns=args.num_turns,
+            external_transition=external_transition,
+            external_prompt_passthrough=args.external_prompt_passthrough,
+            early_termination_threshold=args.early_termination_threshold,
+            synced=synced,
+        )
+
     # --- prompts ---
     @staticmethod
     def task_prompt(item: dict, agent_prompts: Sequence[str]) -> str:
@@ -164,7 +194,7 @@ class JointRollout:
         """Roll out `items`; `num_generations` overrides G (evaluation uses 1), `greedy_baseline` overrides the
         engine's setting (evaluation never needs it)."""
         G = num_generations or self.num_generations
-        self._greedy_now = self.greedy_baseline if greedy_baseline is None else greedy_baseline
+        greedy = self.greedy_baseline if greedy_baseline is None else greedy_baseline
         rollout = Rollout(list(items), [], [], self.num_agents, G, self.joint_mode)
         frontier: list[Node] = []
         for b, item in enumerate(rollout.items):
@@ -177,7 +207,7 @@ class JointRollout:
             # synced: every process runs a turn while any process has a branch left (collective generation)
             if not (any_over_processes(bool(frontier)) if self.synced else frontier):
                 break
-            self._expand_turn(rollout, frontier, generate_fn, G)
+            self._expand_turn(rollout, frontier, generate_fn, G, greedy)
             if turn == self.num_turns - 1:
                 break
             nxt = []
@@ -206,11 +236,13 @@ class JointRollout:
             node.__dict__.pop("_rendered", None)
         return rollout
 
-    def _expand_turn(self, rollout: Rollout, nodes: list[Node], generate_fn: GenerateFn, G: int) -> None:
+    def _expand_turn(
+        self, rollout: Rollout, nodes: list[Node], generate_fn: GenerateFn, G: int, greedy: bool = False
+    ) -> None:
         n = self.num_agents
         if not nodes:  # a synced process with nothing left this turn: take part in the collectives only
             generate_fn([[] for _ in range(n)], G)
-            if getattr(self, "_greedy_now", False):
+            if greedy:
                 generate_fn([[] for _ in range(n)], 1, greedy=True)
             return
         prompts_per_agent = [[node._rendered[i] for node in nodes] for i in range(n)]  # type: ignore[attr-defined]
@@ -245,7 +277,7 @@ class JointRollout:
                 node.joint = list(itertools.product(range(G), repeat=n))
         # ONE reward call for every joint action of this turn (and the greedy joint actions, if any)
         comps: list[list[str]] = [[] for _ in range(n)]
-        task_prompts, batch_items, owners = [], [], []
+        task_prompts, batch_items = [], []
         for node in nodes:
             item = rollout.items[node.item]
             tp = self.task_prompt(item, node.prompts)
@@ -254,8 +286,6 @@ class JointRollout:
                     comps[i].append(rollout.samples[node.samples[i][k]].completion)
                 task_prompts.append(tp)
                 batch_items.append(item)
-                owners.append(node)
-        greedy = getattr(self, "_greedy_now", False)
         if greedy:
             outs = generate_fn(prompts_per_agent, 1, greedy=True)
             for m, node in enumerate(nodes):
@@ -278,52 +308,6 @@ class JointRollout:
         for node in nodes:
             thr = self.early_termination_threshold
             node.terminated = thr is not None and _shared(node.rewards).mean().item() > thr
-
-
-def assign_returns(
-    rollout: Rollout,
-    discount: float = 1.0,
-    baseline: str | None = "mean",
-    normalize: bool = False,
-) -> None:
-    """Fill per-agent returns and advantages of every node and sample of `rollout` (in place).
-
-    Per agent i, the reward of joint action j is `r_ij = r_j - penalty_i(sample of i in j)` (`r_j` shared, or the
-    per-agent reward). Returns follow the tree, `R_ij = r_ij + discount * mean(R_i of child j)` (`tree_returns`).
-    A sample's return is `R_ij` of its joint action (aligned) or the mean over the joint actions that contain it
-    (cross, `cross_sample_returns`). Advantages are group-relative over the node's G samples
-    (`group_advantages(baseline, normalize)`); `baseline=None` leaves advantages at 0 (critic-based trainers).
-    The undiscounted team reward-to-go (for `turn_k/expected_return`) is computed alongside.
-    """
-    n, G = rollout.num_agents, rollout.num_generations
-    for node in sorted(rollout.nodes, key=lambda x: -x.turn):
-        J = len(node.joint)
-        rewards = node.rewards if node.rewards.ndim == 2 else node.rewards.unsqueeze(1).expand(J, n)
-        penalties = torch.tensor(
-            [[rollout.samples[node.samples[i][k]].penalty for i, k in enumerate(ks)] for ks in node.joint],
-            dtype=torch.float32,
-        )
-        children = [rollout.nodes[node.children[j]] if j in node.children else None for j in range(J)]
-        node.returns = tree_returns(rewards - penalties, [c.returns if c else None for c in children], discount)
-        node.undiscounted_returns = tree_returns(
-            _shared(node.rewards), [c.undiscounted_returns if c else None for c in children], 1.0
-        )
-        for i in range(n):
-            if rollout.joint_mode == "aligned":
-                per_sample = node.returns[:, i]
-            else:
-                per_sample = cross_sample_returns(node.returns[:, i].reshape((G,) * n), agent=i)
-            if baseline == "greedy":
-                if node.greedy_reward is None:
-                    raise RuntimeError("the greedy baseline needs the rollout's greedy joint actions")
-                adv = baseline_advantages(per_sample, node.greedy_reward, normalize)
-            elif baseline is not None and G > 1 or baseline == "raw":
-                adv = group_advantages(per_sample, baseline, normalize)
-            else:
-                adv = torch.zeros_like(per_sample)
-            for k, sid in enumerate(node.samples[i]):
-                rollout.samples[sid].ret = per_sample[k].item()
-                rollout.samples[sid].advantage = adv[k].item()
 
 
 def _accepted_kwargs(func: Callable) -> set[str]:

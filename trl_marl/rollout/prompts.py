@@ -7,7 +7,7 @@ from typing import Any
 
 from trl_marl.data_types.text import PromptText
 
-__all__ = ["render_prompt", "default_formatter", "resolve_formatters", "formatter_failure"]
+__all__ = ["render_prompt", "PromptRenderer", "default_formatter", "resolve_formatters", "formatter_failure"]
 
 
 def render_prompt(formatted: Any, tokenizer) -> PromptText:
@@ -24,6 +24,22 @@ def render_prompt(formatted: Any, tokenizer) -> PromptText:
         text.chat = True
         return text
     raise TypeError(f"a formatter must return a string or a list of chat messages, got {type(formatted).__name__}")
+
+
+class PromptRenderer:
+    """Renders agent i's formatted prompt with agent i's tokenizer (`render_prompt`), remembering in `chat[i]` whether
+    agent i's formatter produced chat messages: their text is tokenized without special tokens (the chat template
+    already holds them)."""
+
+    def __init__(self, tokenizers: Sequence[Any]):
+        self.tokenizers = tokenizers
+        self.chat = [False] * len(tokenizers)
+
+    def __call__(self, i: int, formatted: Any) -> PromptText:
+        text = render_prompt(formatted, self.tokenizers[i])
+        if text.chat:
+            self.chat[i] = True
+        return text
 
 
 def default_formatter(item: dict) -> str:

@@ -70,8 +70,8 @@ class MultiAgentConfig(_BaseConfig):
         temperature: sampling temperature.
         top_p: nucleus sampling.
         top_k: top-k sampling; `None` disables it.
-        agent_learning_rate: learning rate of the agents' parameter groups; `None` uses `learning_rate`. A list gives
-            one rate per agent.
+        agent_learning_rate: learning rate of the agents' parameter groups: one rate for every agent, or a list with
+            one rate per agent (a list of one is that rate for every agent); `None` uses `learning_rate`.
         rollout_buffer_size: task items each process rolls out together before training on them.
         train_batch_size: task items per training step; `None` means `rollout_buffer_size`. Must divide it.
         reference_kl_enabled: subtract a KL penalty to a frozen copy of each agent's initial weights from the reward.
@@ -86,7 +86,7 @@ class MultiAgentConfig(_BaseConfig):
         parallel_training: `"none"` (accelerate places everything) or `"mp"` (explicit per-agent devices).
         agent_devices: one device per agent (or one for all) in `"mp"` mode, e.g. `["cuda:0", "cuda:1"]`.
         share_base_model: with a `peft_config`, make every agent an adapter on ONE frozen base model (a homogeneous
-            team given as `agent_model`): n agents for the memory of about one model; generation runs one call for all
+            team given as `model`): n agents for the memory of about one model; generation runs one call for all
             agents with a per-row adapter; the reference model of the KL penalty is the base with adapters disabled.
         disable_dropout: disable dropout in the agents (as TRL's trainers do) so sampling and scoring agree.
         trace_dir: when set, every training step appends each agent's prompts, completions and rewards to
@@ -157,8 +157,10 @@ class MultiAgentConfig(_BaseConfig):
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling; None disables."})
 
     # Optimisation
-    agent_learning_rate: float | None = field(
-        default=None, metadata={"help": "Learning rate of the agents; None uses learning_rate."}
+    # `list[float]` for the command line (one value, or one per agent); a single float works from Python too
+    agent_learning_rate: list[float] | None = field(
+        default=None,
+        metadata={"help": "Learning rate of the agents: one for all, or one per agent; None uses learning_rate."},
     )
     rollout_buffer_size: int = field(default=4, metadata={"help": "Task items rolled out together per process."})
     train_batch_size: int | None = field(
@@ -335,7 +337,14 @@ class MultiAgentConfig(_BaseConfig):
         need(self.num_agents >= 1, f"num_agents must be >= 1, got {self.num_agents}")
         need(self.learning_rate >= 0, f"learning_rate must be >= 0, got {self.learning_rate}")
         alr = self.agent_learning_rate
-        need(alr is None or alr >= 0, f"agent_learning_rate must be None or >= 0, got {alr}")
+        if isinstance(alr, (list, tuple)):
+            need(
+                len(alr) in (1, self.num_agents),
+                f"agent_learning_rate has {len(alr)} entries; give 1 or num_agents={self.num_agents}",
+            )
+            need(all(lr >= 0 for lr in alr), f"agent_learning_rate must be >= 0 for every agent, got {list(alr)}")
+        else:
+            need(alr is None or alr >= 0, f"agent_learning_rate must be None or >= 0, got {alr}")
         mpl = self.max_prompt_length
         need(mpl is None or mpl >= 1, f"max_prompt_length must be None (keep prompts whole) or >= 1, got {mpl}")
         need(self.num_generations >= 1, f"num_generations must be >= 1, got {self.num_generations}")

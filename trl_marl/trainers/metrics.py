@@ -1,19 +1,35 @@
-"""TRL's metric names for a team's rollouts, and TRL's `log_completions` table.
+"""The trainers' metrics: TRL's metric names for a team's rollouts, TRL's `log_completions` table, rollout traces, and
+`MetricsRecorder`, the part of a trainer that collects them between two logging steps.
 
 TRL's GRPO dashboards key on `reward`, `reward_std`, `frac_reward_zero_std`, `rewards/<func>/mean`,
 `completions/mean_length`, `completions/min_length`, `completions/max_length`, `completions/clipped_ratio`, `kl` and
 `num_tokens`. The trainers log these (computed here, from a `Rollout`) beside the per-agent `agent_i/...` metrics.
-`entropy` comes from the log-prob pass (see the trainers).
+`entropy` comes from the loss's forward (`TeamModel.forward` returns it with the log-probs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
+from torch import nn
 
-__all__ = ["team_rollout_metrics", "team_means_of_agent_metrics", "rollout_num_tokens", "log_completions_table"]
+from trl_marl.data_types.rollout import Rollout
+from trl_marl.rollout.returns import RolloutReturns
+
+__all__ = [
+    "MetricsRecorder",
+    "team_rollout_metrics",
+    "team_means_of_agent_metrics",
+    "rollout_num_tokens",
+    "log_completions_table",
+    "append_trace",
+]
 
 
 def _shared(rewards: torch.Tensor) -> torch.Tensor:
@@ -105,3 +121,171 @@ def log_completions_table(records: list[dict], step: int, args: Any, num_to_prin
         import trackio
 
         trackio.log({"completions": trackio.Table(dataframe=pd.DataFrame(table))})
+
+
+def append_trace(path: str | Path, records: list[dict], step: int, env_step: int) -> None:
+    """Append one JSON line per record (a joint action of a rollout) to `path`, tagged with the step and env step."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps({"step": step, "env_step": env_step, **rec}, ensure_ascii=False) + "\n")
+
+
+class MetricsRecorder:
+    """The metrics part of a trainer: per mode (`"train"`, `"eval"`), the values recorded since the last logging step,
+    averaged (and merged over the processes) when the trainer logs.
+
+    `recorder[mode][name].append(value)` records a value (TRL's `_metrics` layout, which is what the trainers keep
+    it as). The recorder also keeps the time spent per phase (`timings`, logged as `time/<phase>_fraction`), the
+    tokens rolled out since the last log (TRL's `num_tokens`) and the joint actions of the last training rollout
+    (TRL's `log_completions` table).
+
+    Args:
+        accelerator: the trainer's accelerator (the merge over processes).
+        num_agents: n.
+        eos_ids: each agent's EOS token ids (terminated / clipped rates).
+        metrics_callback: `callable(rollout_records) -> dict[str, float]` of domain metrics, called on every
+            training rollout.
+    """
+
+    def __init__(
+        self,
+        accelerator: Any,
+        num_agents: int,
+        eos_ids: Sequence[Sequence[int]],
+        metrics_callback: Callable[[list[dict]], dict] | None = None,
+    ):
+        self.accelerator = accelerator
+        self.num_agents = num_agents
+        self.eos_ids = eos_ids
+        self.metrics_callback = metrics_callback
+        self._values: dict[str, defaultdict[str, list[float]]] = {
+            "train": defaultdict(list),
+            "eval": defaultdict(list),
+        }
+        self.timings: defaultdict[str, float] = defaultdict(float)
+        self.step_rollout_seconds = 0.0  # of the training step in progress: its time outside the update
+        self.tokens_since_log = 0
+        self.completion_records: list[dict] | None = None
+
+    def __getitem__(self, mode: str) -> defaultdict[str, list[float]]:
+        return self._values[mode]
+
+    def add(self, mode: str, name: str, value: float) -> None:
+        self._values[mode][name].append(value)
+
+    # ------------------------------------------------------------------ what a training step records
+    def record_rollout(
+        self,
+        rollout: Rollout,
+        returns: RolloutReturns,
+        advantages: Sequence[torch.Tensor] | None = None,
+        reward_components: dict[str, float] | None = None,
+        keep_records: bool = False,
+    ) -> None:
+        """A training rollout's metrics: per turn (`turn_k/...`), per agent (completion length, return mean / std,
+        terminated rate), the domain metrics of `metrics_callback`, TRL's names (`reward`, `completions/...`,
+        `rewards/<func>/mean` from `reward_components`) and its tokens. `advantages` (per agent, `(num_nodes, G)`)
+        go into the records the callback and the completions table see; `keep_records` keeps those for the table."""
+        m = self._values["train"]
+        for k, v in rollout.turn_metrics(returns.team_to_go).items():
+            m[k].append(v)
+        for i in range(self.num_agents):
+            samples = rollout.samples_of_agent(i)
+            if not samples:
+                continue
+            lengths = torch.tensor([float(s.completion_ids.numel()) for s in samples])
+            rets = returns.of_agent(i)
+            m[f"agent_{i + 1}/completion_length"].append(lengths.mean().item())
+            m[f"agent_{i + 1}/return_mean"].append(rets.mean().item())
+            m[f"agent_{i + 1}/return_std"].append(rets.std(unbiased=False).item())
+            eos = self.eos_ids[i]
+            ended = sum(1 for s in samples if s.completion_ids.numel() and int(s.completion_ids[-1]) in eos)
+            m[f"agent_{i + 1}/terminated_rate"].append(ended / len(samples))
+        records = None
+        if self.metrics_callback is not None or keep_records:
+            records = rollout.records(returns.joint, advantages)
+        if self.metrics_callback is not None:
+            for k, v in (self.metrics_callback(records) or {}).items():
+                m[k].append(float(v))
+        for k, v in team_rollout_metrics(rollout, self.eos_ids).items():
+            m[k].append(v)
+        for name, mean in (reward_components or {}).items():
+            m[f"rewards/{name}/mean"].append(mean)
+        self.tokens_since_log += rollout_num_tokens(rollout)
+        if keep_records:
+            self.completion_records = records
+
+    def record_entropy(self, entropies: Sequence[float | None]) -> None:
+        """`agent_{i}/entropy` and their mean `entropy`, from the loss's forward (`TeamModel.forward`'s `entropy`;
+        None where an agent was skipped or the forward ran without gradients)."""
+        m = self._values["train"]
+        seen = [(i, e) for i, e in enumerate(entropies) if e is not None]
+        for i, e in seen:
+            m[f"agent_{i + 1}/entropy"].append(e)
+        if seen:
+            m["entropy"].append(sum(e for _, e in seen) / len(seen))
+
+    def record_grad_norms(self, modules: Iterable[tuple[str, nn.Module]]) -> None:
+        """`<name>/grad_norm`: the norm of each module's gradients (before clipping)."""
+        for name, module in modules:
+            grads = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+            if grads:
+                self._values["train"][f"{name}/grad_norm"].append(torch.stack(grads).norm().item())
+
+    # ------------------------------------------------------------------ logging
+    def summary(self, mode: str, env_step: int = 0, optimizer: Any = None, state: Any = None) -> dict[str, float]:
+        """The mean of every value recorded in `mode` since the last `clear`, averaged over the processes. In
+        training also: `env_step` (summed over the processes), each parameter group's `<name>/learning_rate`, the time
+        fractions, the team means of per-agent metrics (TRL's `kl`) and TRL's `num_tokens` (kept in `state`)."""
+        acc = self.accelerator
+        metrics = {k: sum(v) / len(v) for k, v in self._values[mode].items() if v}
+        if acc.num_processes > 1:
+            merged: dict[str, list[float]] = defaultdict(list)
+            for d in gather_object([metrics]):
+                for k, v in d.items():
+                    merged[k].append(v)
+            metrics = {k: sum(v) / len(v) for k, v in merged.items()}
+        if mode != "train":
+            return metrics
+        env = torch.tensor([float(env_step)], device=acc.device)
+        metrics["env_step"] = acc.gather(env).sum().item() if acc.num_processes > 1 else float(env_step)
+        if optimizer is not None:
+            seen = set()
+            for g in optimizer.param_groups:
+                name = g.get("name")
+                if name and name not in seen:
+                    seen.add(name)
+                    metrics[f"{name}/learning_rate"] = g["lr"]
+        total = sum(self.timings.values())
+        if total > 0:
+            for k, v in self.timings.items():
+                metrics[f"time/{k}_fraction"] = v / total
+        metrics.update(team_means_of_agent_metrics(metrics))
+        tokens = torch.tensor([float(self.tokens_since_log)], device=acc.device)
+        self.tokens_since_log = 0
+        if acc.num_processes > 1:
+            tokens = acc.gather(tokens)
+        state.num_input_tokens_seen += int(tokens.sum().item())  # TRL's num_tokens, kept in checkpoints
+        if state.num_input_tokens_seen:  # trainers that train on rollouts (not on stored pairs)
+            metrics["num_tokens"] = float(state.num_input_tokens_seen)
+        return metrics
+
+    def clear(self, mode: str) -> None:
+        self._values[mode].clear()
+
+    def print_completions(self, step: int, args: Any) -> None:
+        """TRL's `log_completions` table of the last training rollout (once; nothing when there is none)."""
+        if self.completion_records:
+            log_completions_table(self.completion_records, step, args, args.num_completions_to_print)
+            self.completion_records = None
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, dict[str, list[float]]]:
+        """The values recorded since the last log (a checkpoint keeps them, so a resumed run logs the same means)."""
+        return {mode: dict(m) for mode, m in self._values.items()}
+
+    def load_state_dict(self, state: dict[str, dict[str, list[float]]]) -> None:
+        for mode, values in state.items():
+            self._values[mode] = defaultdict(list, values)

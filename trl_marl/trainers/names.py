@@ -3,25 +3,29 @@
 A TRL user writes `GRPOTrainer(model, reward_funcs, args=..., train_dataset=..., processing_class=...,
 peft_config=...)`. Every trl_marl trainer takes the same: `model` (an id / path / model object for a homogeneous
 team, or a list with one per agent), `reward_funcs` (one team reward, or a list summed with `args.reward_weights`),
-`processing_class` (one tokenizer, or one per agent), positionally in TRL's order
-`(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)`. The earlier names `agent_model`,
-`agents`, `reward_func` and `tokenizer` still work, with a `FutureWarning`; giving a name and its alias together is
-an error. `args.model_init_kwargs` (TRL's config field) joins the loading options of `model_config`.
-
-`accept_trl_names` wraps a trainer's `__init__`; only the outermost call translates (a subclass's `__init__`
-calling `super().__init__(agent_model=...)` internally is not the user's doing and does not warn).
+`processing_class` (one tokenizer, or one per agent), positionally in TRL's order `TRL_POSITIONAL`. The earlier names
+`agent_model`, `agents`, `reward_func` and `tokenizer` still work for one release, with a `FutureWarning`
+(`resolve_deprecated_kwargs`, called first thing by `MultiAgentTrainer.__init__`); giving a name and its alias
+together is an error. `args.model_init_kwargs` (TRL's config field) joins the loading options of `model_config`
+(`merge_model_init_kwargs`).
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
-import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from trl_marl.trainers.trl_settings import TRL_TRAINER_ARGUMENTS, unknown_setting_error
 from trl_marl.utils.deprecation import warn_deprecated
 
-__all__ = ["TRL_POSITIONAL", "DEPRECATED_KWARGS", "accept_trl_names", "translate_trl_names"]
+__all__ = [
+    "TRL_POSITIONAL",
+    "DEPRECATED_KWARGS",
+    "resolve_deprecated_kwargs",
+    "combine_reward_funcs",
+    "merge_model_init_kwargs",
+]
 
 # TRL's positional order (GRPOTrainer / DPOTrainer): model, reward_funcs, args, train_dataset, eval_dataset,
 # processing_class
@@ -34,62 +38,53 @@ DEPRECATED_KWARGS = {
     "tokenizer": "processing_class",
 }
 
-_RESOLVED = "_trl_marl_names_resolved"
+
+def resolve_deprecated_kwargs(
+    trainer: type, model: Any, reward_funcs: Any, processing_class: Any, deprecated_kwargs: dict[str, Any]
+) -> tuple[Any, Any, Any]:
+    """`(model, reward_funcs, processing_class)` with the values given under their earlier names moved in.
+
+    Each earlier name (`DEPRECATED_KWARGS`) warns with a `FutureWarning` naming TRL's; a name and its alias together
+    is a TypeError, and so is any other unknown keyword: a TRL trainer argument trl_marl does not take names what to
+    use instead (`trl_marl.trainers.trl_settings`), anything else the closest arguments `trainer` takes. An alias
+    given as None is ignored.
+    """
+    current = {"model": model, "reward_funcs": reward_funcs, "processing_class": processing_class}
+    for old, value in deprecated_kwargs.items():
+        new = DEPRECATED_KWARGS.get(old)
+        if new is None:
+            known = [
+                n for n in inspect.signature(trainer.__init__).parameters if n not in ("self", "deprecated_kwargs")
+            ]
+            raise unknown_setting_error(f"{trainer.__name__}.__init__()", old, known, TRL_TRAINER_ARGUMENTS)
+        if value is None:
+            continue
+        if current[new] is not None:
+            raise TypeError(f"pass {new}= (TRL's name) or its deprecated alias {old}=, not both")
+        warn_deprecated(f"`{old}=` is deprecated; use `{new}=` (TRL's name)", stacklevel=4)
+        current[new] = value
+    return current["model"], current["reward_funcs"], current["processing_class"]
 
 
-def translate_trl_names(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Map a user's call (TRL's positional order and names, or the deprecated names) to the internal keywords
-    (`agent_model` / `agents`, `reward_func`, `tokenizer`, `model_config`)."""
-    if len(args) > len(TRL_POSITIONAL):
-        raise TypeError(
-            f"trainers take at most {len(TRL_POSITIONAL)} positional arguments ({', '.join(TRL_POSITIONAL)}); "
-            f"got {len(args)}"
-        )
-    kwargs = dict(kwargs)
-    for name, value in zip(TRL_POSITIONAL, args):
-        if name in kwargs:
-            raise TypeError(f"got multiple values for argument {name!r}")
-        kwargs[name] = value
-    for old, new in DEPRECATED_KWARGS.items():
-        if old in kwargs and kwargs[old] is not None:
-            if kwargs.get(new) is not None:
-                raise TypeError(f"pass {new}= (TRL's name) or its deprecated alias {old}=, not both")
-            warn_deprecated(f"`{old}=` is deprecated; use `{new}=` (TRL's name)", stacklevel=4)
-    model = kwargs.pop("model", None)
-    if model is not None:
-        if isinstance(model, (list, tuple)):
-            kwargs["agents"] = list(model)
-        elif isinstance(model, (str, os.PathLike)) or hasattr(model, "parameters"):
-            kwargs["agent_model"] = model
-        else:
-            raise TypeError(
-                f"model must be a model id / path, a model object, or a list of them (one per agent); "
-                f"got {type(model).__name__}"
-            )
-    reward_funcs = kwargs.pop("reward_funcs", None)
-    if reward_funcs is not None:
-        if isinstance(reward_funcs, (list, tuple)):
-            from trl_marl.rewards import weighted_sum
+def combine_reward_funcs(
+    reward_funcs: Callable | Sequence[Callable] | None, reward_weights: Sequence[float] | None
+) -> Callable | None:
+    """One team reward from TRL's `reward_funcs`: a list is summed with `reward_weights` (`weighted_sum`, each
+    function's mean logged as `rewards/<name>/mean`); a one-element list without weights is its function."""
+    if not isinstance(reward_funcs, (list, tuple)):
+        return reward_funcs
+    from trl_marl.rewards import weighted_sum
 
-            config = kwargs.get("args")
-            weights = getattr(config, "reward_weights", None)
-            reward_funcs = (
-                reward_funcs[0]
-                if len(reward_funcs) == 1 and weights is None
-                else weighted_sum(list(reward_funcs), weights)
-            )
-        kwargs["reward_func"] = reward_funcs
-    processing_class = kwargs.pop("processing_class", None)
-    if processing_class is not None:
-        kwargs["tokenizer"] = processing_class
-    init_kwargs = getattr(kwargs.get("args"), "model_init_kwargs", None)
-    if init_kwargs:
-        kwargs["model_config"] = _merge_model_init_kwargs(kwargs.get("model_config"), init_kwargs)
-    return kwargs
+    if len(reward_funcs) == 1 and reward_weights is None:
+        return reward_funcs[0]
+    return weighted_sum(list(reward_funcs), reward_weights)
 
 
-def _merge_model_init_kwargs(model_config: Any, init_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`model_config` (dict or TRL `ModelConfig`) plus TRL's `model_init_kwargs` (`from_pretrained` keywords)."""
+def merge_model_init_kwargs(model_config: Any, init_kwargs: dict[str, Any] | None) -> Any:
+    """`model_config` (dict or TRL `ModelConfig`) plus TRL's `model_init_kwargs` (`from_pretrained` keywords); a key
+    set to different values in both is a ValueError naming it. Without `init_kwargs`, `model_config` unchanged."""
+    if not init_kwargs:
+        return model_config
     from trl_marl.models.loading import MODEL_CONFIG_KEYS
 
     if model_config is not None and not isinstance(model_config, dict):  # trl.ModelConfig
@@ -114,41 +109,3 @@ def _merge_model_init_kwargs(model_config: Any, init_kwargs: dict[str, Any]) -> 
     if extra:
         merged["model_kwargs"] = extra
     return merged
-
-
-def accept_trl_names(init):
-    """Wrap a trainer `__init__` so that the outermost call accepts TRL's names and positional order."""
-    if getattr(init, "_accepts_trl_names", False):
-        return init
-
-    @functools.wraps(init)
-    def wrapper(self, *args, **kwargs):
-        if self.__dict__.get(_RESOLVED):
-            return init(self, *args, **kwargs)
-        self.__dict__[_RESOLVED] = True
-        try:
-            return init(self, **translate_trl_names(args, kwargs))
-        except BaseException:
-            self.__dict__.pop(_RESOLVED, None)
-            raise
-
-    wrapper._accepts_trl_names = True
-    wrapper.__signature__ = _trl_signature(init)
-    return wrapper
-
-
-def _trl_signature(init) -> inspect.Signature:
-    """The signature users see (`help()`, the API docs): TRL's positional order first, the deprecated names left
-    out, every other argument keyword-only."""
-    sig = inspect.signature(init)
-    params = list(sig.parameters.values())
-    kinds = inspect.Parameter
-    front = [params[0]] + [kinds(name, kinds.POSITIONAL_OR_KEYWORD, default=None) for name in TRL_POSITIONAL]
-    skip = set(TRL_POSITIONAL) | set(DEPRECATED_KWARGS)
-    keyword = [
-        p.replace(kind=kinds.KEYWORD_ONLY)
-        for p in params[1:]
-        if p.name not in skip and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
-    ]
-    var_kw = [p for p in params if p.kind == kinds.VAR_KEYWORD]
-    return sig.replace(parameters=front + keyword + var_kw)

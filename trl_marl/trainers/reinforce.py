@@ -24,10 +24,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trl_marl.algorithms.advantages import baseline_advantages, group_advantages
 from trl_marl.algorithms.logprobs import sequence_logprobs
 from trl_marl.algorithms.losses import policy_gradient_loss
+from trl_marl.data_types.rollout import Rollout
+from trl_marl.rollout.returns import RolloutReturns
 from trl_marl.trainers.base import MultiAgentTrainer
 from trl_marl.trainers.config import MultiAgentConfig
+from trl_marl.trainers.data import Experience
 
 __all__ = [
     "MAGRPOConfig",
@@ -87,8 +91,8 @@ class MAGRPOTrainer(MultiAgentTrainer):
     from trl_marl import MAGRPOConfig, MAGRPOTrainer
 
     trainer = MAGRPOTrainer(
-        agent_model="Qwen/Qwen2.5-0.5B-Instruct",
-        reward_func=lambda writer, editor: [...],
+        model="Qwen/Qwen2.5-0.5B-Instruct",
+        reward_funcs=lambda writer, editor: [...],
         formatters=[writer_prompt, editor_prompt],
         args=MAGRPOConfig(output_dir="out", num_agents=2, num_generations=4),
         train_dataset=dataset,
@@ -110,11 +114,12 @@ class MAGRPOTrainer(MultiAgentTrainer):
     }
     config_class = MAGRPOConfig
     args_class = MAGRPOConfig  # the siblings' configs only change defaults: any MAGRPOConfig works
+    # the group baseline (`trl_marl.algorithms.advantages.BASELINES`), or "greedy": the greedy joint action's reward
     baseline = "mean"
     min_generations = 2
 
     def _check_config(self, args: MultiAgentConfig) -> None:
-        if getattr(args, "remax_baseline", "max") != "max" and not isinstance(self, MAReMaxTrainer):
+        if args.remax_baseline != "max" and not isinstance(self, MAReMaxTrainer):
             raise ValueError(
                 f"remax_baseline={args.remax_baseline!r} only applies to MAReMaxTrainer; {type(self).__name__} "
                 "uses its own baseline (leave remax_baseline='max', or use MAReMaxTrainer / recipes/magrpo.py "
@@ -130,7 +135,7 @@ class MAGRPOTrainer(MultiAgentTrainer):
     def _check_baseline_survives(self, args: MultiAgentConfig) -> None:
         """Warn when `advantage_normalization` erases this trainer's baseline: z-scoring a group is invariant to
         subtracting any per-group constant (raw, leave-one-out, max, greedy), so every sibling becomes MAGRPO."""
-        if self.baseline != "mean" and getattr(args, "advantage_normalization", False):
+        if self.baseline != "mean" and args.advantage_normalization:
             warnings.warn(
                 f"{type(self).__name__} with advantage_normalization=True trains exactly as MAGRPOTrainer: z-scoring "
                 "each group removes its baseline. Set advantage_normalization=False (the default of "
@@ -139,29 +144,54 @@ class MAGRPOTrainer(MultiAgentTrainer):
                 stacklevel=3,
             )
 
+    def _normalize_advantages(self) -> bool:
+        """Whether each group's advantages are z-scored (`advantage_normalization`)."""
+        return bool(self.args.advantage_normalization)
+
+    def _experience(self, rollout: Rollout, returns: RolloutReturns) -> Experience:
+        """Each agent's group-relative advantages, `(num_nodes, G)`: per node, its G samples' returns against the
+        group's baseline (`group_advantages`), or against the greedy joint action's reward (`baseline_advantages`,
+        ReMax); a group of one sample has no baseline to compare with (zero), except for the raw return."""
+        normalize, G = self._normalize_advantages(), rollout.num_generations
+        advantages = []
+        for i in range(self.num_agents):
+            rows = []
+            for node in rollout.nodes:
+                r = returns.of_node(node.id, i)
+                if self.baseline == "greedy":
+                    if node.greedy_reward is None:
+                        raise RuntimeError("the greedy baseline needs the rollout's greedy joint actions")
+                    rows.append(baseline_advantages(r, node.greedy_reward, normalize))
+                elif G > 1 or self.baseline == "raw":
+                    rows.append(group_advantages(r, self.baseline, normalize))
+                else:
+                    rows.append(torch.zeros(G))
+            advantages.append(torch.stack(rows) if rows else torch.zeros(0, G))
+        return Experience(advantages, {"advantages": advantages})
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """Sum over agents of `policy_gradient_loss(logprob_sum(a_i), A_i)` on this step's items.
+        """Sum over agents of `policy_gradient_loss(logprob_sum(a_i), A_i)` on this step's items, `A_i` the
+        advantages `_experience` computed for the rollout.
 
         One forward pass per agent over all its samples of the step (every turn of every item). Agents' parameters
         are disjoint, so the gradient of the sum on agent i is agent i's own policy gradient.
         """
         rollout, items = inputs["rollout"], inputs["items"]
         nodes = rollout.nodes_of_items(items)
-        batches, advantages = [], []
-        for i in range(self.num_agents):
-            samples = rollout.samples_of_agent(i, nodes)
-            batches.append(self.agent_batch(i, samples))
-            advantages.append(torch.tensor([s.advantage for s in samples], dtype=torch.float32))
-        token_logps = model(batches)
+        rows = torch.tensor([node.id for node in nodes], dtype=torch.long)
+        batches = [self.agent_batch(i, rollout.samples_of_agent(i, nodes)) for i in range(self.num_agents)]
+        advantages = [adv[rows].reshape(-1) for adv in inputs["advantages"]]  # samples_of_agent's order
+        out = model(batches)
         losses = []
         m = self._metrics["train"]
-        for i, (logp, batch, adv) in enumerate(zip(token_logps, batches, advantages)):
+        for i, (logp, batch, adv) in enumerate(zip(out["logprobs"], batches, advantages)):
             seq = sequence_logprobs(logp, batch.completion_mask.to(logp.device))
             loss_i = policy_gradient_loss(seq, adv.to(logp.device))
             losses.append(loss_i)
             m[f"agent_{i + 1}/loss"].append(loss_i.item())
             m[f"agent_{i + 1}/logprob_mean"].append(seq.detach().mean().item())
             m[f"agent_{i + 1}/advantage_std"].append(adv.std(unbiased=False).item())
+        self._metrics.record_entropy(out["entropy"])
         device = losses[0].device
         return sum(loss.to(device) for loss in losses)
 
@@ -226,14 +256,23 @@ class MAReMaxTrainer(MAGRPOTrainer):
     config_class = MAReMaxConfig
     baseline = "max"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if getattr(self.args, "remax_baseline", "max") == "greedy":
+    def __init__(
+        self,
+        model=None,
+        reward_funcs=None,
+        args: MAGRPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        **kwargs,
+    ):
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, **kwargs)
+        if self.args.remax_baseline == "greedy":
             self.baseline = "greedy"
             self.rollout_engine.greedy_baseline = True
 
     def _check_config(self, args) -> None:
-        greedy = getattr(args, "remax_baseline", "max") == "greedy"
+        greedy = args.remax_baseline == "greedy"
         if not greedy:
             super()._check_config(args)  # the group max needs G >= 2; the greedy baseline does not
         else:
@@ -242,12 +281,12 @@ class MAReMaxTrainer(MAGRPOTrainer):
 
 class CentralizedMAGRPOTrainer(MAGRPOTrainer):
     """Centralized MAGRPO: ONE model writes all `args.num_agents` roles' outputs in one tagged completion
-    (`<agent_1>...</agent_1><agent_2>...</agent_2>`, see `trl_marl.rollout.centralized`). The completion is parsed into role
-    outputs only to call the task reward; a parse failure gives every role an empty string and is counted in the
+    (`<agent_1>...</agent_1><agent_2>...</agent_2>`, see `trl_marl.rollout.centralized`). The completion is parsed into
+    role outputs only to call the task reward; a parse failure gives every role an empty string and is counted in the
     metric `centralized/parse_failure_rate`. It is the single-model baseline for a decentralized team.
 
-    Takes the arguments of `MAGRPOTrainer` (with `agent_model`, one model) plus `adapter` (default: the tagged
-    adapter). `formatters` are the ROLES' formatters; the joint prompt is built from them.
+    Takes the arguments of `MAGRPOTrainer` (with `model`, one model) plus `adapter` (default: the tagged adapter).
+    `formatters` are the ROLES' formatters; the joint prompt is built from them.
     """
 
     _name = "CentralizedMAGRPO"
@@ -255,28 +294,33 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
 
     def __init__(
         self,
-        agent_model=None,
-        reward_func=None,
+        model=None,
+        reward_funcs=None,
         args: MAGRPOConfig | None = None,
-        formatters=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        *,
         adapter=None,
         **kwargs,
     ):
+        self.adapter = adapter  # the roles' adapter; `_setup_roles` resolves the default
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, **kwargs)
+
+    def _setup_roles(self, model, args, reward_func, formatters):
+        """ONE model for the roles of `args.num_agents`: a one-agent config, the joint reward (parsing the tagged
+        completion into role outputs) and the joint prompt's formatter (`centralized_setup`)."""
         from trl_marl.rollout.centralized import centralized_setup
 
-        if args is None:
-            args = self.config_class(output_dir="centralizedmagrpo-output")
-        if kwargs.get("agents") is not None:
-            raise ValueError("CentralizedMAGRPOTrainer trains ONE model: pass agent_model, not agents")
+        if isinstance(model, (list, tuple)):
+            raise ValueError("CentralizedMAGRPOTrainer trains ONE model: pass one model id / path, not a list")
         if reward_func is None:
-            raise ValueError("reward_func is required: it scores the joint response of the roles")
+            raise ValueError("reward_funcs is required: it scores the joint response of the roles")
         self.num_roles = args.num_agents
         one_model, joint_reward, formatter, self._centralized_reward, self.adapter = centralized_setup(
-            args, reward_func, formatters, adapter
+            args, reward_func, formatters, self.adapter
         )
-        super().__init__(
-            agent_model=agent_model, reward_func=joint_reward, args=one_model, formatters=formatter, **kwargs
-        )
+        return one_model, joint_reward, formatter
 
     def _record_rollout_metrics(self, rollout, mode: str) -> None:
         super()._record_rollout_metrics(rollout, mode)

@@ -41,10 +41,24 @@ class MADPOIterTrainer(MADPOTrainer):
     runs_rounds = True  # its pairs come from the rounds: given pairs are refused
     _precompute_from_initial_agents = False  # later rounds' pairs are collected after updates
 
-    def __init__(self, comparator: Any = None, replay_mode: Any = None, **kwargs):
-        args = kwargs["args"] = self._checked_args(kwargs.get("args"))
+    def __init__(
+        self,
+        model=None,
+        reward_funcs=None,
+        args: MADPOIterConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        *,
+        comparator: Any = None,
+        replay_mode: Any = None,
+        **kwargs,
+    ):
+        """`comparator=` / `replay_mode=`: a registered plugin name (instead of the config's `comparator_policy` /
+        `preference_replay_mode`) or a ready instance (see docs/plugins.md)."""
+        args = self._checked_args(args)
         round_plugins = build_round_plugins(args, comparator, replay_mode)  # their errors come before models load
-        super().__init__(**kwargs)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, **kwargs)
         self.rounds = RoundDriver(self, *round_plugins)
 
     # ---- the round step (called by the driver) ----

@@ -32,8 +32,9 @@ from transformers.trainer_utils import TrainOutput
 
 from trl_marl.algorithms.losses import DPO_LOSS_TYPES, joint_dpo_loss
 from trl_marl.data_types.rng import keyed_rng
-from trl_marl.trainers.base import MultiAgentTrainer, _identity_collate
+from trl_marl.trainers.base import MultiAgentTrainer
 from trl_marl.trainers.config import MultiAgentConfig
+from trl_marl.trainers.data import identity_collate
 from trl_marl.trainers.preference.data_parallel import (
     EpochDataLoader,
     GlobalBatchSampler,
@@ -239,24 +240,35 @@ class PreferenceCollectionMixin:
             chat=list(self._chat_prompts) if self._chat_known else None,
         )
 
-    def _resolve_preference_inputs(
-        self, args, kwargs: dict, preference_pairs: Any, reward_func, formatters, needs_pairs: bool = True
+    def _preference_inputs(
+        self,
+        args,
+        train_dataset: Any,
+        eval_dataset: Any,
+        preference_pairs: Any,
+        reward_funcs: Any,
+        kwargs: dict,
+        needs_pairs: bool = True,
     ) -> PreferenceInputs:
         """Before any model loads: where the pairs and the task items come from (`preference_data.resolve_inputs`).
-        The base trainer's `train_dataset` / `eval_dataset` in `kwargs` become the task items."""
+        Returns what the base trainer gets (`train_dataset`, `eval_dataset`, `reward_funcs`); the formatters the
+        task items need are set in `kwargs` (the base trainer's keyword arguments)."""
+        given = reward_funcs if reward_funcs is not None else kwargs.get("reward_func")  # the deprecated alias too
         inputs = resolve_inputs(
             type(self).__name__,
             args.num_agents,
-            kwargs.get("train_dataset"),
-            kwargs.get("eval_dataset"),
+            train_dataset,
+            eval_dataset,
             preference_pairs,
-            reward_func,
-            formatters,
+            given,
+            kwargs.get("formatters"),
             collects_every_round=self.runs_rounds,
             centralized=args.collaboration_mode == "centralized",
             needs_pairs=needs_pairs,
         )
-        kwargs["train_dataset"], kwargs["eval_dataset"] = inputs.train_dataset, inputs.eval_dataset
+        kwargs["formatters"] = inputs.formatters
+        if reward_funcs is None and given is not None:  # given as `reward_func=`: the base trainer resolves it
+            inputs.reward_func = None
         return inputs
 
     def _accept_pairs(self, inputs: PreferenceInputs) -> list[PreferencePair] | None:
@@ -278,9 +290,9 @@ class PreferenceCollectionMixin:
             p.winner_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.winner_ids)]
             p.loser_eos = [self.completion_eos_token(i, ids) for i, ids in enumerate(p.loser_ids)]
 
-    def _setup_preference(self, args, reward_func, formatters, agents, adapter):
+    def _setup_roles(self, model, args, reward_func, formatters):
         """The preference part's state, set before the models load; in centralized mode, (args, reward, formatters)
-        rewritten for one model writing every role."""
+        rewritten for one model writing every role (the adapter given as `adapter=`, `self.adapter`)."""
         self.num_roles = args.num_agents
         self._centralized_reward = None
         self._chat_known = False  # whether `_chat_prompts` is known (`pair_from_record` renders one item first)
@@ -288,10 +300,10 @@ class PreferenceCollectionMixin:
             return args, reward_func, formatters
         from trl_marl.rollout.centralized import centralized_setup
 
-        if agents is not None:
-            raise ValueError("collaboration_mode='centralized' trains ONE model: pass agent_model, not agents")
+        if isinstance(model, (list, tuple)):
+            raise ValueError("collaboration_mode='centralized' trains ONE model: pass one model id / path, not a list")
         args, reward_func, formatters, self._centralized_reward, self.adapter = centralized_setup(
-            args, reward_func, formatters, adapter
+            args, reward_func, formatters, self.adapter
         )
         return args, reward_func, formatters
 
@@ -384,23 +396,23 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
 
     def __init__(
         self,
-        agent_model=None,
-        agents=None,
-        reward_func=None,
+        model=None,
+        reward_funcs=None,
         args: MADPOConfig | None = None,
-        formatters=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        *,
         adapter=None,
         preference_pairs: Any = None,
         ref_model=None,
         **kwargs,
     ):
         args = self._checked_args(args)
-        inputs = self._resolve_preference_inputs(args, kwargs, preference_pairs, reward_func, formatters)
-        args, reward_func, formatters = self._setup_preference(
-            args, inputs.reward_func, inputs.formatters, agents, adapter
-        )
+        self.adapter = adapter  # the roles' adapter in centralized mode (`_setup_roles`)
+        inputs = self._preference_inputs(args, train_dataset, eval_dataset, preference_pairs, reward_funcs, kwargs)
         super().__init__(
-            agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
+            model, inputs.reward_func, args, inputs.train_dataset, inputs.eval_dataset, processing_class, **kwargs
         )
         self.pairs: list[PreferencePair] | None = self._accept_pairs(inputs)
         self.ref_models = self._load_ref_models(ref_model)
@@ -467,7 +479,7 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
             acc.num_processes,
             self.args.seed,
         )
-        return EpochDataLoader(range(len(self.pairs)), batch_sampler=sampler, collate_fn=_identity_collate)
+        return EpochDataLoader(range(len(self.pairs)), batch_sampler=sampler, collate_fn=identity_collate)
 
     def _prepare_inputs(self, batch):
         return {"pairs": [self.pairs[i] for i in batch]}
@@ -516,7 +528,9 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
         forward per agent over the winners and losers of the batch together (TRL's concatenated forward,
         `PreferenceBatch.token_logps`, run through the team so the engine wrapping it sees the forward)."""
         batches = self._agent_pair_batches(pairs)
-        token_logps = model(batches)
+        out = model(batches)
+        self._metrics.record_entropy(out["entropy"])  # the loss's forward (with gradients) reports it
+        token_logps = out["logprobs"]
         chosen, rejected, lw, ll = [], [], [], []
         device = token_logps[0].device
         for logp, batch in zip(token_logps, batches):

@@ -197,11 +197,13 @@ class _MARLHFMixin(PreferenceCollectionMixin):
 
     def __init__(
         self,
-        agent_model=None,
-        agents=None,
-        reward_func=None,
+        model=None,
+        reward_funcs=None,
         args=None,
-        formatters=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        *,
         reward_model: JointRewardModel | None = None,
         preference_pairs=None,
         adapter=None,
@@ -213,15 +215,14 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         `comparator_policy` / `preference_replay_mode`) or a ready instance (see docs/plugins.md)."""
         args = self._checked_args(args)
         fitted = reward_model is not None or args.reward_model_path is not None
-        if fitted and (preference_pairs is not None or looks_like_preference_data(kwargs.get("train_dataset"))):
+        if fitted and (preference_pairs is not None or looks_like_preference_data(train_dataset)):
             raise ValueError(
                 "a fitted reward model is given (reward_model= or reward_model_path), so no reward model is fitted "
                 "and the preference pairs would not be used: pass the pairs, or the fitted reward model"
             )
-        inputs = self._resolve_preference_inputs(
-            args, kwargs, preference_pairs, reward_func, formatters, needs_pairs=not fitted
+        inputs = self._preference_inputs(
+            args, train_dataset, eval_dataset, preference_pairs, reward_funcs, kwargs, needs_pairs=not fitted
         )
-        reward_func, formatters = inputs.reward_func, inputs.formatters
         if self.runs_rounds:  # their errors come before any model loads
             round_plugins = build_round_plugins(args, comparator, replay_mode)
         elif comparator is not None or replay_mode is not None:
@@ -230,20 +231,11 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             )
         if reward_model is None and args.reward_model_path is not None:
             reward_model = JointRewardModel.load(args.reward_model_path, max_length=args.reward_max_length)
-        if reward_model is None and args.reward_model_name is None:
-            sources = [agent_model] if agents is None else list(agents)
-            if not isinstance(sources[0], (str, os.PathLike)) and not getattr(
-                getattr(sources[0], "config", None), "_name_or_path", ""
-            ):
-                raise ValueError(
-                    "reward_model_name is required when the agents are model objects without an id (the reward "
-                    "model's backbone is loaded from it)"
-                )
-        args, reward_func, formatters = self._setup_preference(args, reward_func, formatters, agents, adapter)
-        super().__init__(
-            agent_model=agent_model, agents=agents, reward_func=reward_func, args=args, formatters=formatters, **kwargs
-        )
         self.reward_model = reward_model
+        self.adapter = adapter  # the roles' adapter in centralized mode (`_setup_roles`)
+        super().__init__(
+            model, inputs.reward_func, args, inputs.train_dataset, inputs.eval_dataset, processing_class, **kwargs
+        )
         if reward_model is not None:  # under ZeRO-3 / FSDP2: sharded like the reference models
             reward_model.prepare_for_scoring(self.accelerator, args.reward_model_device)
         self.pairs = self._accept_pairs(inputs)
@@ -253,6 +245,18 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         self._reward_model_state: dict | None = None  # the gathered reward model while `save_model` writes it
         self._round_step = 0  # iterative: training steps taken in the current round
         self.rounds = RoundDriver(self, *round_plugins) if self.runs_rounds else None
+
+    def _setup_roles(self, model, args, reward_func, formatters):
+        if self.reward_model is None and args.reward_model_name is None:
+            source = model[0] if isinstance(model, (list, tuple)) else model
+            if not isinstance(source, (str, os.PathLike)) and not getattr(
+                getattr(source, "config", None), "_name_or_path", ""
+            ):
+                raise ValueError(
+                    "reward_model_name is required when the agents are model objects without an id (the reward "
+                    "model's backbone is loaded from it)"
+                )
+        return super()._setup_roles(model, args, reward_func, formatters)
 
     # ---- the learned reward ----
     def _learned_reward(self, *completions, batch_items=None) -> list[float]:

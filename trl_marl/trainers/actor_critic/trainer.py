@@ -1,13 +1,4 @@
-"""The actor-critic trainers: MAAC, IAC and MAPPO.
-
-Every trainer runs the agents jointly (one trajectory per task item in multi-turn runs, `num_generations = 1`),
-scores each joint action with the team reward, and trains critics beside the policies. They differ in their critics:
-
-| trainer | critic(s) | reads | TD error / advantage | actor update |
-|---|---|---|---|---|
-| `MAACTrainer` | ONE centralized critic | the agents' prompts joined as one text (+ completions for Q) | the SAME for every agent | `- logprob_sum(a_i) * delta` |
-| `IACTrainer` | one critic PER AGENT (separate model, or a value head on the actor) | the agent's own history (+ its completion for Q) | agent i's own | `- logprob_sum(a_i) * delta_i` |
-| `MAPPOTrainer` | one shared centralized critic, or one per agent reading the joint history | the joint text | GAE(lambda) | PPO clipped surrogate, `ppo_epochs` passes |
+"""`ActorCriticTrainer`: what MAAC, IAC and MAPPO share.
 
 The value stream of a critic turns a rollout into transitions (one per joint action: reward `r_t` minus the
 reference-KL penalty, successor `h_{t+1}` on the same trajectory), evaluates the critic on them once (no grad), and
@@ -26,7 +17,6 @@ import copy
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,16 +25,14 @@ from transformers import PreTrainedModel, TrainerCallback
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import disable_dropout_in_model
 
-from trl_marl.algorithms.advantages import RunningMeanStd, linked_gae, normalize_in_groups, popart_rescale, td_targets
+from trl_marl.algorithms.advantages import RunningMeanStd, normalize_in_groups, popart_rescale, td_targets
 from trl_marl.algorithms.logprobs import sequence_logprobs
-from trl_marl.algorithms.losses import policy_gradient_loss, ppo_clip_loss, value_loss
+from trl_marl.algorithms.losses import policy_gradient_loss, value_loss
 from trl_marl.checkpointing.state_files import CorruptedStateError, read_json_state
 from trl_marl.data_types.batches import AgentBatch, CriticBatch, collate_critic_batch
 from trl_marl.data_types.critic import CriticData, Transitions, ValueStream, build_transitions
 from trl_marl.data_types.rollout import Rollout
-from trl_marl.models.loading import MODEL_CONFIG_KEYS
 from trl_marl.models.value_head import (
-    CRITIC_TYPES,
     VALUE_HEAD_WEIGHTS,
     ActorCriticTeam,
     CausalLMWithValueHead,
@@ -55,289 +43,17 @@ from trl_marl.models.value_head import (
     load_value_head,
     save_value_head,
 )
-from trl_marl.trainers.base import MultiAgentTrainer, _decay_groups, _load_agent_weights
-from trl_marl.trainers.config import MultiAgentConfig
+from trl_marl.rollout.returns import RolloutReturns
+from trl_marl.trainers.actor_critic.config import ActorCriticConfig
+from trl_marl.trainers.actor_critic.critics import AGENT_COPY, NORMALIZER_FILE, joint_critic_text, split_model_config
+from trl_marl.trainers.base import MultiAgentTrainer
+from trl_marl.trainers.building import agent_learning_rate, decay_groups
+from trl_marl.trainers.checkpoints import load_weights
+from trl_marl.trainers.data import Experience
 
-__all__ = [
-    "ActorCriticConfig",
-    "ActorCriticTrainer",
-    "MAACConfig",
-    "MAACTrainer",
-    "IACConfig",
-    "IACTrainer",
-    "MAPPOConfig",
-    "MAPPOTrainer",
-    "Transitions",
-    "build_transitions",
-    "joint_critic_text",
-    "RATIO_LEVELS",
-]
-
-RATIO_LEVELS = ("token", "sequence")
-NORMALIZER_FILE = "value_normalizer.json"
-# model_config keys that shape or load the critics (the reference library's names); not passed to the agents
-CRITIC_MODEL_CONFIG_KEYS = ("critic_value_head_hidden_dim", "critic_model_kwargs")
+__all__ = ["ActorCriticTrainer"]
 
 
-# ==================================================================================================== configs
-@dataclass
-class ActorCriticConfig(MultiAgentConfig):
-    r"""Fields shared by the actor-critic trainers (`MAACConfig`, `IACConfig`, `MAPPOConfig`).
-
-    All `MultiAgentConfig` fields, with these defaults changed: `num_generations=1` (one trajectory per item; more
-    than 1 is allowed only with `num_turns=1`) and `rollout_buffer_size=8`. A rollout of `rollout_buffer_size` items
-    gives `rollout_buffer_size * num_generations` samples per (agent, turn) group; the update uses every group,
-    including smaller ones (later turns of rollouts that ended early). `joint_mode` must be `"aligned"`.
-
-    Parameters:
-        critic_type: `"v"` for a state-value critic V(h) (read at the last prompt token), `"q"` for an action-value
-            critic Q(h, a) (read at the last completion token); in Q mode the bootstrap uses the sampled next action.
-        critic_learning_rate: learning rate of the separate critics' parameter groups; `None` uses
-            `agent_learning_rate` (or `learning_rate`).
-        value_loss_coef: weight of the critic loss in the total loss.
-        advantage_normalization: z-score the advantages (TD errors) inside each (agent, turn) group before the
-            update; a group of one sample, or of equal values, gets zero.
-        critic_value_head_hidden_dim: hidden size of the separate critics' value head (`None`: a linear head).
-        critic_devices: one device per critic (or one for all) in `parallel_training="mp"` mode, where separate
-            critics need it.
-    """
-
-    num_generations: int = field(
-        default=1, metadata={"help": "Completions per agent per prompt (must be 1 when num_turns > 1)."}
-    )
-    rollout_buffer_size: int = field(default=8, metadata={"help": "Task items rolled out together per process."})
-    critic_type: str = field(
-        default="v", metadata={"help": "'v' for V(h), 'q' for Q(h, a).", "choices": list(CRITIC_TYPES)}
-    )
-    critic_learning_rate: float | None = field(
-        default=None, metadata={"help": "Learning rate of the separate critics; None uses the agents' rate."}
-    )
-    value_loss_coef: float = field(default=0.6, metadata={"help": "Weight of the critic loss."})
-    advantage_normalization: bool = field(
-        default=True, metadata={"help": "Z-score advantages inside each (agent, turn) group."}
-    )
-    critic_value_head_hidden_dim: int | None = field(
-        default=None, metadata={"help": "Hidden size of the separate critics' value head; None = linear."}
-    )
-    critic_devices: list[str] | None = field(
-        default=None, metadata={"help": "One device per critic (or one for all) in 'mp' mode."}
-    )
-
-    @property
-    def uses_separate_critics(self) -> bool:
-        """Whether the critics are models of their own (they then need `critic_devices` in `mp` mode)."""
-        return True
-
-    @property
-    def num_critics(self) -> int:
-        """How many critics (value streams) the trainer trains."""
-        return 1
-
-    def _validate_multi_agent(self) -> None:
-        super()._validate_multi_agent()
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
-        need(
-            self.critic_type in CRITIC_TYPES,
-            f"critic_type must be 'v' (V(h)) or 'q' (Q(h, a)), got {self.critic_type!r}",
-        )
-        need(
-            self.num_turns == 1 or self.num_generations == 1,
-            f"num_turns={self.num_turns} needs num_generations=1: actor-critic trainers follow one trajectory per "
-            f"item, got num_generations={self.num_generations}",
-        )
-        need(
-            self.joint_mode == "aligned",
-            "actor-critic trainers need joint_mode='aligned' (each sample belongs to exactly one joint action and "
-            f"gets one TD error), got {self.joint_mode!r}",
-        )
-        need(self.value_loss_coef >= 0, f"value_loss_coef must be >= 0, got {self.value_loss_coef}")
-        need(
-            self.critic_learning_rate is None or self.critic_learning_rate >= 0,
-            f"critic_learning_rate must be None or >= 0, got {self.critic_learning_rate}",
-        )
-        need(
-            self.critic_value_head_hidden_dim is None or self.critic_value_head_hidden_dim >= 1,
-            f"critic_value_head_hidden_dim must be None or >= 1, got {self.critic_value_head_hidden_dim}",
-        )
-        if self.parallel_training == "mp" and self.uses_separate_critics:
-            need(
-                bool(self.critic_devices),
-                "parallel_training='mp' needs critic_devices (one device per critic, or one for all) for the "
-                "separate critics",
-            )
-        if self.critic_devices is not None:
-            need(
-                len(self.critic_devices) in (1, self.num_critics),
-                f"critic_devices has {len(self.critic_devices)} entries; give 1 or one per critic ({self.num_critics})",
-            )
-
-
-@dataclass
-class MAACConfig(ActorCriticConfig):
-    r"""Configuration of `MAACTrainer` (multi-agent actor-critic with ONE centralized critic).
-
-    All `ActorCriticConfig` fields, plus:
-
-    Parameters:
-        critic_max_length: the centralized critic's input (every agent's prompt, plus the completions in Q mode) is
-            truncated to this many tokens from the left (the end, where the value is read, is kept); `None` keeps
-            it whole.
-
-    There is no `value_clip_range`: MAAC's critic uses the unclipped squared error, and its actors no ratio.
-    """
-
-    critic_max_length: int | None = field(
-        default=None, metadata={"help": "Truncate the joint critic input to this many tokens (from the left)."}
-    )
-
-    def _validate_multi_agent(self) -> None:
-        super()._validate_multi_agent()
-        if self.critic_max_length is not None and self.critic_max_length < 1:
-            raise ValueError(f"critic_max_length must be None or >= 1, got {self.critic_max_length}")
-
-
-@dataclass
-class IACConfig(ActorCriticConfig):
-    r"""Configuration of `IACTrainer` (independent actor-critic: one critic per agent over its own history).
-
-    All `ActorCriticConfig` fields, plus:
-
-    Parameters:
-        use_separate_critic: `True`: each agent's critic is a separate model (`critic_model` / `critics`, by default
-            a separately loaded copy of the agent's model), trained with the unclipped squared error at
-            `critic_learning_rate`. `False`: a value head on each actor's backbone, trained with the actor on
-            `actor_loss + value_loss_coef * critic_loss` at `agent_learning_rate`.
-        value_clip_range: PPO-style value clipping `eps` in shared-model mode (`use_separate_critic=False`);
-            `None` disables it. Setting it with separate critics is an error (they do not clip).
-        value_head_hidden_dim: hidden size of the value heads on the actors in shared-model mode (`None`: linear).
-    """
-
-    use_separate_critic: bool = field(
-        default=True, metadata={"help": "Separate critic models (True) or value heads on the actors (False)."}
-    )
-    value_clip_range: float | None = field(
-        default=None, metadata={"help": "Value clipping eps in shared-model mode; None disables."}
-    )
-    value_head_hidden_dim: int | None = field(
-        default=None, metadata={"help": "Hidden size of the value heads on the actors; None = linear."}
-    )
-
-    @property
-    def uses_separate_critics(self) -> bool:
-        return self.use_separate_critic
-
-    @property
-    def num_critics(self) -> int:
-        return self.num_agents
-
-    def _validate_multi_agent(self) -> None:
-        super()._validate_multi_agent()
-        if self.value_clip_range is not None:
-            if self.use_separate_critic:
-                raise ValueError(
-                    "value_clip_range applies only in shared-model mode (use_separate_critic=False); separate "
-                    "critics use the unclipped squared error. Set value_clip_range=None or use_separate_critic=False"
-                )
-            if self.value_clip_range <= 0:
-                raise ValueError(f"value_clip_range must be None or > 0, got {self.value_clip_range}")
-        if self.value_head_hidden_dim is not None and self.value_head_hidden_dim < 1:
-            raise ValueError(f"value_head_hidden_dim must be None or >= 1, got {self.value_head_hidden_dim}")
-
-
-@dataclass
-class MAPPOConfig(MAACConfig):
-    r"""Configuration of `MAPPOTrainer` (multi-agent PPO with a centralized value function).
-
-    All `MAACConfig` fields, plus:
-
-    Parameters:
-        ppo_epochs: optimisation passes over each rollout (each pass takes `rollout_buffer_size / train_batch_size`
-            steps, on minibatches reshuffled every pass).
-        clip_range: `eps` of the clipped surrogate, `min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)`.
-        ratio_level: `"token"`: one ratio per completion token (the surrogate is averaged over the minibatch's
-            completion tokens); `"sequence"`: one ratio per completion, `exp(logprob_sum - old_logprob_sum)`
-            (averaged over completions).
-        gae_lambda: lambda of GAE across turns (`0`: one-step TD errors; `1`: Monte Carlo returns minus values).
-        value_clip_range: value clipping `eps` around the rollout-time prediction; `None` disables.
-        value_normalization: the critic predicts targets normalized by a running mean / std of all targets seen
-            (saved with the critic); advantages use the de-normalized values.
-        popart: with value normalization, rescale the value head's last layer whenever the statistics change so that
-            its de-normalized outputs are preserved (PopArt); not available under DeepSpeed.
-        shared_critic: `True`: one centralized critic for the team (team reward, the same advantage for every agent);
-            `False`: one critic per agent, each reading the JOINT history and learning that agent's reward (the
-            CTDE critic of MADDPG).
-    """
-
-    ppo_epochs: int = field(default=2, metadata={"help": "Optimisation passes over each rollout."})
-    clip_range: float = field(default=0.2, metadata={"help": "PPO ratio clipping eps."})
-    ratio_level: str = field(
-        default="token",
-        metadata={"help": "Policy ratio per 'token' or per 'sequence'.", "choices": list(RATIO_LEVELS)},
-    )
-    gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda across turns."})
-    value_clip_range: float | None = field(default=0.2, metadata={"help": "Value clipping eps; None disables."})
-    value_normalization: bool = field(
-        default=True, metadata={"help": "Normalize value targets with a running mean / std."}
-    )
-    popart: bool = field(default=False, metadata={"help": "PopArt: preserve outputs when the statistics change."})
-    shared_critic: bool = field(
-        default=True, metadata={"help": "One shared critic (True) or one per agent on the joint history (False)."}
-    )
-
-    @property
-    def num_critics(self) -> int:
-        return 1 if self.shared_critic else self.num_agents
-
-    @property
-    def steps_per_rollout(self) -> int:
-        """Training steps per rollout: `ppo_epochs * rollout_buffer_size / train_batch_size`."""
-        return self.ppo_epochs * super().steps_per_rollout
-
-    def _validate_multi_agent(self) -> None:
-        super()._validate_multi_agent()
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
-        need(self.ppo_epochs >= 1, f"ppo_epochs must be >= 1, got {self.ppo_epochs}")
-        need(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}")
-        need(
-            self.ratio_level in RATIO_LEVELS,
-            f"ratio_level must be one of {list(RATIO_LEVELS)}, got {self.ratio_level!r}",
-        )
-        need(0.0 <= self.gae_lambda <= 1.0, f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
-        need(
-            self.value_clip_range is None or self.value_clip_range > 0,
-            f"value_clip_range must be None or > 0, got {self.value_clip_range}",
-        )
-        need(not self.popart or self.value_normalization, "popart=True needs value_normalization=True")
-
-
-def joint_critic_text(prompts: Sequence[str], completions: Sequence[str] | None = None) -> str:
-    """The centralized critic's input text: every agent's prompt, tagged, plus the joint action for a Q critic.
-
-    [Agent 1] <prompt of agent 1>
-    [Agent 2] <prompt of agent 2>
-    [Joint Action]                       (Q critics only, followed by the completions)
-    [Agent 1] <completion of agent 1>
-    [Agent 2] <completion of agent 2>
-    """
-    lines = [f"[Agent {i + 1}] {p}" for i, p in enumerate(prompts)]
-    if completions is not None:
-        lines.append("[Joint Action]")
-        lines += [f"[Agent {i + 1}] {c}" for i, c in enumerate(completions)]
-    return "\n".join(lines)
-
-
-_AGENT_COPY = object()  # IAC default critic source: a separately loaded copy of the agent's own model
-
-
-# ==================================================================================================== trainers
 class ActorCriticTrainer(MultiAgentTrainer):
     """Base of the actor-critic trainers: critics inside the team, frozen TD targets, (agent, turn) groups.
 
@@ -347,12 +63,11 @@ class ActorCriticTrainer(MultiAgentTrainer):
             critics share its parameters).
         critics: a list of critic sources, one per critic (ids, model objects; the same object twice is shared).
 
-    `reward_func` may return one float per joint action (shared) or one list of `num_agents` floats (per agent).
+    `reward_funcs` may return one float per joint action (shared) or one list of `num_agents` floats (per agent).
     """
 
     resume_types = (CriticData, Transitions, ValueStream, CriticBatch)
 
-    baseline = None
     supports_per_agent_rewards = True
     supports_shared_base = False  # critics and value heads need a model per agent
     config_class = ActorCriticConfig
@@ -362,27 +77,18 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def __init__(
         self,
-        agent_model: str | PreTrainedModel | None = None,
-        agents: Sequence[str | PreTrainedModel] | None = None,
-        reward_func: Callable[..., Any] | None = None,
+        model: str | PreTrainedModel | Sequence[str | PreTrainedModel] | None = None,
+        reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
         args: ActorCriticConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
-        tokenizer: Any = None,
-        formatters: Callable | Sequence[Callable] | None = None,
-        reward_processor: Callable[[float], float] | None = None,
-        external_transition: Callable[..., Any] | None = None,
-        model_config: Any = None,
-        metrics_callback: Callable[[list[dict]], dict] | None = None,
-        wandb_config: dict | None = None,
+        processing_class: Any = None,
+        *,
         critic_model: str | PreTrainedModel | CausalLMWithValueHead | None = None,
         critics: Sequence[str | PreTrainedModel | CausalLMWithValueHead] | None = None,
-        callbacks: list | None = None,
-        optimizers: tuple = (None, None),
-        peft_config: Any = None,
+        **kwargs: Any,
     ):
         args = self._checked_args(args)
-        model_config, self._critic_loading = _split_model_config(model_config, args)
         if critic_model is not None and critics is not None:
             raise ValueError("pass either critic_model (broadcast to every critic) or critics (a list), not both")
         if critics is not None and not isinstance(critics, (list, tuple)):
@@ -390,30 +96,12 @@ class ActorCriticTrainer(MultiAgentTrainer):
         self._critic_sources = self._resolve_critic_sources(
             args, critic_model, None if critics is None else list(critics)
         )
-        n = args.num_agents
-        self._agent_sources = [agent_model] * n if agents is None else list(agents)
-        self._critic_data: CriticData | None = None
+        self._critic_loading: dict = {}  # the critics' from_pretrained keywords (`_loading_config`)
         self.streams: list[ValueStream] = []
         self._critic_names: list[str] = []
         self._normalizers: list[RunningMeanStd] | None = None
-        super().__init__(
-            agent_model=agent_model,
-            agents=agents,
-            reward_func=reward_func,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            tokenizer=tokenizer,
-            formatters=formatters,
-            reward_processor=reward_processor,
-            external_transition=external_transition,
-            model_config=model_config,
-            metrics_callback=metrics_callback,
-            wandb_config=wandb_config,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            peft_config=peft_config,
-        )
+        self._critic_window: list[tuple] = []  # this optimizer step's critic inputs (sequential MAAC updates)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, **kwargs)
         if args.parallel_training == "mp":  # the Trainer may have moved the team: put critics / heads back
             team = self.team
             for k, critic in enumerate(team.critics):
@@ -421,12 +109,17 @@ class ActorCriticTrainer(MultiAgentTrainer):
             if team.value_heads is not None:
                 for i, head in enumerate(team.value_heads):
                     head.to(self.agent_device(i))
-        self._critic_window: list[tuple] = []  # this optimizer step's critic inputs (sequential MAAC updates)
         if self._extra_critic_updates_per_step():
             self.add_callback(_SequentialCriticCallback(self))
         self._after_init()
 
     # ------------------------------------------------------------------ hooks
+    def _loading_config(self, model_config: Any, args: ActorCriticConfig) -> Any:
+        """The agents' loading options; the critics' (`critic_value_head_hidden_dim`, `critic_model_kwargs`, and
+        the shared ones) are kept for `_build_team` (`split_model_config`)."""
+        agents, self._critic_loading = split_model_config(super()._loading_config(model_config, args), args)
+        return agents
+
     def _resolve_critic_sources(self, args, critic_model: Any, critics: list | None) -> list | None:
         """One critic source per value stream (validated, nothing loaded), or None for value heads."""
         if critic_model is None and critics is None:
@@ -478,8 +171,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
             return ActorCriticTeam(models, names, value_heads=heads, critic_type=args.critic_type)
         resolved, own_copy = [], []
         for s, src in enumerate(sources):
-            own_copy.append(src is _AGENT_COPY)
-            if src is _AGENT_COPY:
+            own_copy.append(src is AGENT_COPY)
+            if src is AGENT_COPY:
                 agent_src = self._agent_sources[s]
                 src = str(agent_src) if isinstance(agent_src, (str, os.PathLike)) else copy.deepcopy(models[s])
             resolved.append(src)
@@ -529,7 +222,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def _critic_learning_rate(self) -> float:
         lr = self.args.critic_learning_rate
-        return self._agent_learning_rate(0) if lr is None else lr
+        return agent_learning_rate(self.args, 0) if lr is None else lr
 
     def _extra_param_groups(self, team, decay: set[str]) -> list[dict]:
         """One group per separate critic at `critic_learning_rate`; value heads at their agent's learning rate."""
@@ -538,11 +231,11 @@ class ActorCriticTrainer(MultiAgentTrainer):
         for k, critic in enumerate(team.critics):
             named = [(f"critics.{k}.{name}", p) for name, p in critic.named_parameters() if p.requires_grad]
             label = "critic" if len(team.critics) == 1 else f"critic_{k + 1}"
-            groups += _decay_groups(named, decay, wd, self._critic_learning_rate(), label)
+            groups += decay_groups(named, decay, wd, self._critic_learning_rate(), label)
         if team.value_heads is not None:
             for i, head in enumerate(team.value_heads):
                 named = [(f"value_heads.{i}.{name}", p) for name, p in head.named_parameters() if p.requires_grad]
-                groups += _decay_groups(named, decay, wd, self._agent_learning_rate(i), f"value_head_{i + 1}")
+                groups += decay_groups(named, decay, wd, agent_learning_rate(self.args, i), f"value_head_{i + 1}")
         return groups
 
     def _extra_clip_groups(self) -> list[list[torch.nn.Parameter]]:
@@ -616,29 +309,20 @@ class ActorCriticTrainer(MultiAgentTrainer):
         for p in self.model.parameters():
             p.grad = None
 
-    def _record_grad_norms(self) -> None:
-        """Per-agent gradient norms (base class), plus one per critic and value head."""
-        super()._record_grad_norms()
-        if self.is_deepspeed_enabled:
-            return
+    def _grad_norm_modules(self) -> list[tuple[str, torch.nn.Module]]:
+        """The agents (base class), plus each critic and value head."""
         team = self.team
         named = [(self._critic_folder(k), c) for k, c in enumerate(team.critics)]
         named += [(f"value_head_{i + 1}", h) for i, h in enumerate(team.value_heads or [])]
-        for name, module in named:
-            grads = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
-            if grads:
-                self._metrics["train"][f"{name}/grad_norm"].append(torch.stack(grads).norm().item())
+        return super()._grad_norm_modules() + named
 
     # ------------------------------------------------------------------ rollout: frozen targets and advantages
-    def _assign_returns(self, rollout: Rollout) -> None:
-        super()._assign_returns(rollout)  # returns and the undiscounted reward-to-go (for expected_return)
-        self._critic_data = self._critic_targets(rollout)
-
-    def _rollout_step(self, items: list[dict]) -> list[dict]:
-        inputs = super()._rollout_step(items)
-        data, self._critic_data = self._critic_data, None
-        rollout = inputs[0]["rollout"]
-        return [{"rollout": rollout, "items": chunk, "critic": data} for chunk in self._update_chunks(len(items))]
+    def _experience(self, rollout: Rollout, returns: RolloutReturns) -> Experience:
+        """The critics' frozen targets and each agent's advantages (`_critic_targets`): every training step on the
+        rollout gets them as `critic`."""
+        data = self._critic_targets(rollout)
+        num_nodes = len(rollout.nodes)  # one step per joint action, node by node: `(num_nodes, G)` per agent
+        return Experience([adv.view(num_nodes, -1) for adv in data.advantages], {"critic": data})
 
     def _stream_inputs(self, rollout: Rollout, trans: Transitions, stream: ValueStream) -> list[torch.Tensor] | None:
         """Per step, the token ids a separate critic reads (None for value heads)."""
@@ -654,7 +338,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 completions = [rollout.samples[node.samples[a][k]].completion for a, k in enumerate(ks)] if q else None
                 texts.append(joint_critic_text(node.prompts, completions))
             tok = self.tokenizers[0]
-            limit = getattr(self.args, "critic_max_length", None)
+            limit = self.args.critic_max_length  # joint critics: MAAC / MAPPO configs
             for ids in tok(texts, add_special_tokens=True)["input_ids"]:
                 ids = ids[-limit:] if limit is not None else ids
                 out.append(torch.tensor(ids, dtype=torch.long))
@@ -732,8 +416,6 @@ class ActorCriticTrainer(MultiAgentTrainer):
             if self.args.advantage_normalization:  # over the global batch: every process's share of it
                 adv = normalize_in_groups(adv, turns, self._sum_over_processes)
             m[f"agent_{i + 1}/advantage_std"].append(adv.std(unbiased=False).item() if S else 0.0)
-            for sample, a in zip(rollout.samples_of_agent(i), adv.tolist()):
-                sample.advantage = a
             advantages.append(adv)
         for s, st in enumerate(self.streams):
             m[f"{st.name}/value_mean"].append(values[s].mean().item() if S else 0.0)
@@ -821,6 +503,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
                     data,
                 )
             )
+        self._metrics.record_entropy(out["entropy"])
         device = losses[0].device
         return sum(loss.to(device) for loss in losses)
 
@@ -854,7 +537,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         for k, critic in enumerate(team.critics):
             folder = os.path.join(checkpoint, self._critic_folder(k))
             fix = f"delete {checkpoint} and resume from the checkpoint before it"
-            _load_agent_weights(critic.model, folder)
+            load_weights(critic.model, folder)
             try:
                 head = load_value_head(folder)
             except Exception as exc:  # noqa: BLE001 -- a missing / damaged value head file
@@ -899,181 +582,3 @@ class _SequentialCriticCallback(TrainerCallback):
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.trainer.sequential_critic_updates()
         return control
-
-
-class MAACTrainer(ActorCriticTrainer):
-    """Multi-agent actor-critic: ONE centralized critic over the joint prompts; every agent gets the SAME TD error.
-
-        delta_t = r_t + gamma * V(h_{t+1}) - V(h_t)             (r_t: the team reward, the mean over agents)
-        loss    = sum_i - mean( logprob_sum(a_{i,t}) * delta_t ) + value_loss_coef * mean( (V(h_t) - V_hat_t)^2 )
-
-    The critic reads `joint_critic_text` (the agents' prompts, plus the completions for `critic_type="q"`) tokenized
-    with the first agent's tokenizer. As the spec says, it is updated SEQUENTIALLY with each agent's batch: the
-    optimizer step is the update with agent 1's batch (together with the actors'), then `n - 1` critic-only steps of
-    the same optimizer follow, each on the critic as the previous one left it (`sequential_critic_updates`). Actors and
-    critic are clipped by their own norms. Under DeepSpeed / FSDP (the engine owns the critic's step) the critic loss
-    is weighted `n` in the one step instead, the first-order equivalent. No importance sampling and no ratio clipping.
-    `critic_model` (or `critics=[one]`) is required.
-
-    ```python
-    from trl_marl import MAACConfig, MAACTrainer
-
-    trainer = MAACTrainer(
-        agent_model="Qwen/Qwen2.5-0.5B-Instruct",
-        critic_model="Qwen/Qwen2.5-0.5B-Instruct",
-        reward_func=reward,
-        formatters=[writer_prompt, editor_prompt],
-        args=MAACConfig(output_dir="out", num_agents=2),
-        train_dataset=dataset,
-    )
-    trainer.train()
-    ```
-    """
-
-    _name = "MAAC"
-    _tag_names = ["trl", "trl_marl", "multi-agent", "maac", "actor-critic"]
-    config_class = MAACConfig
-    critic_loss_per_agent_batch = True
-
-    def _critics_length_message(self, args, got: int) -> str:
-        return (
-            f"critics has {got} entries but MAACTrainer has ONE shared centralized critic: pass critics=[critic] or "
-            "critic_model=critic"
-        )
-
-
-class IACTrainer(ActorCriticTrainer):
-    """Independent actor-critic: one critic per agent over that agent's own history; agent i gets ITS OWN TD error.
-
-        delta_{i,t} = r_{i,t} + gamma * V_i(h_{i,t+1}) - V_i(h_{i,t})
-        loss = sum_i [ - mean( logprob_sum(a_{i,t}) * delta_{i,t} ) + value_loss_coef * L(phi_i) ]
-
-    With `use_separate_critic=True` (default) `critic_model` / `critics` give the critics (default: a separately
-    loaded copy of each agent's model); they read the agent's own token ids, so each must share its agent's tokenizer.
-    With `use_separate_critic=False` a value head on each actor's backbone is the critic (no critic may be passed),
-    trained together with the actor, with optional value clipping (`value_clip_range`).
-    """
-
-    _name = "IAC"
-    _tag_names = ["trl", "trl_marl", "multi-agent", "iac", "actor-critic"]
-    config_class = IACConfig
-    joint_critic = False
-
-    def _resolve_critic_sources(self, args, critic_model, critics):
-        if not args.use_separate_critic:
-            if critic_model is not None or critics is not None:
-                raise ValueError(
-                    "IACTrainer with use_separate_critic=False puts a value head on each actor and takes no critic "
-                    "model: do not pass critic_model or critics (or set use_separate_critic=True)"
-                )
-            return None
-        if critic_model is None and critics is None:
-            return [_AGENT_COPY] * args.num_agents
-        return super()._resolve_critic_sources(args, critic_model, critics)
-
-    def _critics_length_message(self, args, got: int) -> str:
-        return f"critics has {got} entries but num_agents is {args.num_agents}: IAC has one critic per agent"
-
-    def _value_clip_range(self, stream: ValueStream) -> float | None:
-        return self.args.value_clip_range if stream.module is None else None
-
-
-class MAPPOTrainer(MAACTrainer):
-    """Multi-agent PPO: the MAAC rollout and centralized critic(s), GAE across turns and `ppo_epochs` passes of the
-    clipped surrogate on per-agent ratios, with value clipping and value normalization.
-
-        A_t   = GAE(lambda) of delta_t = r_t + gamma * V(h_{t+1}) - V(h_t)
-        rho   = pi_theta_i(a) / pi_old_i(a)                          (per token, or per completion)
-        L_i   = - mean( min(rho * A, clip(rho, 1 - eps, 1 + eps) * A) )
-        L_V   = mean( max( (V - V_hat)^2, (V_clip - V_hat)^2 ) )    (normalized targets with value normalization)
-
-    `shared_critic=True`: one critic, the team reward, the same advantage for every agent. `shared_critic=False`: one
-    critic per agent, each reading the joint history and learning that agent's reward (pass `critics=[...]` with one
-    entry per agent, or a `critic_model` broadcast).
-    """
-
-    _name = "MAPPO"
-    _tag_names = ["trl", "trl_marl", "multi-agent", "mappo", "actor-critic", "ppo"]
-    _paper = {
-        "title": "The Surprising Effectiveness of PPO in Cooperative Multi-Agent Games",
-        "id": "2103.01955",
-        "citation": (
-            "@inproceedings{yu2022mappo,\n  title={The Surprising Effectiveness of PPO in Cooperative Multi-Agent "
-            "Games},\n  author={Yu, Chao and Velu, Akash and Vinitsky, Eugene and Gao, Jiaxuan and Wang, Yu and "
-            "Bayen, Alexandre and Wu, Yi},\n  booktitle={NeurIPS Datasets and Benchmarks},\n  year={2022}\n}"
-        ),
-    }
-    config_class = MAPPOConfig
-    critic_loss_per_agent_batch = False
-    needs_old_logprobs = True
-
-    def _critics_length_message(self, args, got: int) -> str:
-        if args.shared_critic:
-            return f"critics has {got} entries but MAPPOTrainer with shared_critic=True has ONE critic"
-        return f"critics has {got} entries but MAPPOTrainer with shared_critic=False has one critic per agent ({args.num_agents})"
-
-    def _after_init(self) -> None:
-        if self.args.popart and self.is_deepspeed_enabled:
-            raise ValueError("popart=True is not available under DeepSpeed (it rescales the value head in place)")
-        if self.args.value_normalization:
-            self._normalizers = [RunningMeanStd() for _ in self.team.critics]
-
-    def _advantages(self, trans: Transitions, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """GAE(lambda) along each trajectory: `(A, V_hat = A + V)`."""
-        return linked_gae(trans.rewards, values, trans.next_index, self.args.discount, self.args.gae_lambda)
-
-    def _value_clip_range(self, stream: ValueStream) -> float | None:
-        return self.args.value_clip_range
-
-    def _update_chunks(self, num_items: int) -> list[list[int]]:
-        """`ppo_epochs` passes, each over minibatches of `train_batch_size` items (reshuffled every pass)."""
-        per = self.args.train_batch_size or num_items
-        M = num_items // per
-        chunks = []
-        for _ in range(self.args.ppo_epochs):
-            order = torch.randperm(num_items).tolist() if M > 1 else list(range(num_items))
-            chunks += [sorted(order[m * per : (m + 1) * per]) for m in range(M)]
-        return chunks
-
-    def _actor_loss(self, i, logp, batch, adv, data, rows):
-        """The clipped surrogate on token-level or sequence-level ratios to the rollout-time policy."""
-        device = logp.device
-        mask = batch.completion_mask.to(device)
-        old = torch.zeros_like(logp)
-        for r, row in enumerate(rows):
-            lp = data.old_logprobs[i][row]
-            old[r, : lp.numel()] = lp.to(device)
-        adv = adv.to(device)
-        if self.args.ratio_level == "token":
-            loss, clipped = ppo_clip_loss(logp, old, adv, self.args.clip_range, mask)
-            log_ratio = ((logp.detach() - old) * mask).sum() / mask.sum().clamp(min=1)
-        else:
-            seq, seq_old = sequence_logprobs(logp, mask), sequence_logprobs(old, mask)
-            loss, clipped = ppo_clip_loss(seq, seq_old, adv, self.args.clip_range)
-            log_ratio = (seq.detach() - seq_old).mean()
-        m = self._metrics["train"]
-        m[f"agent_{i + 1}/clip_fraction"].append(clipped.item())
-        m[f"agent_{i + 1}/log_ratio_mean"].append(log_ratio.item())
-        return loss
-
-
-def _split_model_config(model_config: Any, args: ActorCriticConfig) -> tuple[Any, dict]:
-    """Separate the critic options of `model_config` (the reference library's `critic_value_head_hidden_dim` and
-    `critic_model_kwargs`) from the agents' loading options; returns `(agents' model_config, critic loading kwargs)`.
-    """
-    from trl_marl.models.loading import loading_kwargs
-
-    if not isinstance(model_config, dict):
-        return model_config, loading_kwargs(model_config)
-    rest = {k: v for k, v in model_config.items() if k not in CRITIC_MODEL_CONFIG_KEYS}
-    dim = model_config.get("critic_value_head_hidden_dim")
-    if dim is not None:
-        if args.critic_value_head_hidden_dim not in (None, dim):
-            raise ValueError(
-                f"critic_value_head_hidden_dim is {args.critic_value_head_hidden_dim} in the config but {dim} in "
-                "model_config; give it once"
-            )
-        args.critic_value_head_hidden_dim = dim
-    critic_kwargs = loading_kwargs({k: v for k, v in rest.items() if k in MODEL_CONFIG_KEYS})
-    critic_kwargs.update(model_config.get("critic_model_kwargs") or {})
-    return rest or None, critic_kwargs

@@ -1,0 +1,84 @@
+"""The generation-engine interface: how a trainer samples completions for its team.
+
+A trainer picks ONE engine when it is built (`trl_marl.generation.hf.HFGeneration`: transformers' `generate`; or
+`trl_marl.generation.vllm_backend.VLLMTeamGeneration`: colocated vLLM engines) and then calls it without knowing
+which: training rollouts, evaluation, pair collection and the comparators all go through `generate` /
+`generate_with`. An engine gets what it needs when it is built (the accelerator, the team, the tokenizers and EOS ids,
+the sampling settings); it never imports a trainer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from trl_marl.data_types.rollout import GenerationOutput
+from trl_marl.data_types.text import PromptText
+
+__all__ = ["GenerationEngine", "SamplingSettings"]
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """The sampling settings of a run (TRL's names, as `MultiAgentConfig` holds them).
+
+    Attributes:
+        max_completion_length: the most tokens a completion may have.
+        max_prompt_length: prompts are cut to their last `max_prompt_length` tokens; None keeps them whole.
+        temperature, top_p, top_k: nucleus / top-k sampling (`top_k=None` disables it); greedy decoding ignores
+            them.
+    """
+
+    max_completion_length: int
+    max_prompt_length: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+
+    @classmethod
+    def from_config(cls, args: Any) -> SamplingSettings:
+        """The settings of a trainer config (any object with these fields)."""
+        return cls(args.max_completion_length, args.max_prompt_length, args.temperature, args.top_p, args.top_k)
+
+
+class GenerationEngine(ABC):
+    """Samples completions for a team of agents.
+
+    Rows are prompt-major: for agent i, the `G` samples of prompt p are rows `p*G .. p*G+G-1` of its
+    `GenerationOutput`. An agent with no prompts gets an empty output. When generating is a collective (`collective`:
+    ZeRO-3 or FSDP2 with several processes) every process must call the engine the same number of times, in the same
+    order, even with no prompts (`trl_marl.distributed.collective`).
+    """
+
+    @property
+    @abstractmethod
+    def collective(self) -> bool:
+        """Whether generating (and scoring with a sharded model) is a collective every process must join."""
+
+    @abstractmethod
+    def generate(
+        self, prompts_per_agent: Sequence[Sequence[PromptText]], num_generations: int, greedy: bool = False
+    ) -> list[GenerationOutput]:
+        """`num_generations` samples per prompt from each of the team's agents (with `greedy`, greedy decodes)."""
+
+    @abstractmethod
+    def generate_with(
+        self,
+        models: Sequence[nn.Module],
+        tokenizers: Sequence[Any],
+        prompts_per_agent: Sequence[Sequence[PromptText]],
+        num_generations: int,
+        eos_ids: Sequence[list[int]] | None = None,
+        greedy: bool = False,
+    ) -> list[GenerationOutput]:
+        """The same with other models (one per agent, e.g. a comparator's), at the team's sampling settings."""
+
+    @abstractmethod
+    def unwrapped_team(self) -> AbstractContextManager[nn.Module]:
+        """The team, unwrapped from its engine and ready for `generate_with` on its own agents (under ZeRO-3 each
+        agent is gathered by that call, one at a time, not the whole team here)."""

@@ -1,0 +1,261 @@
+"""Generation with transformers' `generate` (the default engine).
+
+One `generate` call per agent covers all its prompts (prompt-major rows); a team of LoRA adapters on one shared base
+(`share_base_model=True`) makes ONE call for every agent's rows, each row with its agent's adapter (PEFT's mixed
+adapter batches). Under ZeRO-3 and FSDP2 the full parameters of ONE agent at a time are gathered, for its whole call,
+and the call runs with transformers' `synced_gpus` (a collective: every process runs it until the longest is done; a
+process with no prompts decodes a discarded placeholder row, greedily, so it draws nothing from its random stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import GenerationConfig
+from trl.models.utils import unwrap_model_for_generation
+
+from trl_marl.algorithms.logprobs import completion_mask
+from trl_marl.data_types.rollout import GenerationOutput
+from trl_marl.data_types.text import PromptText
+from trl_marl.distributed.collective import is_sharded
+from trl_marl.distributed.fsdp import gathered_for_generation, is_fsdp2
+from trl_marl.distributed.zero3 import gathered as zero3_gathered
+from trl_marl.distributed.zero3 import hooks_removed, is_zero3
+from trl_marl.generation.engine import GenerationEngine, SamplingSettings
+from trl_marl.models.adapters import mixed_adapter_generate
+from trl_marl.models.loading import eos_token_ids
+
+__all__ = ["HFGeneration"]
+
+
+class HFGeneration(GenerationEngine):
+    """Samples with `model.generate` (see the module docstring).
+
+    Args:
+        accelerator: the trainer's accelerator (processes, ZeRO-3 / FSDP2).
+        team: returns the model the accelerator prepared (the team module, or the engine wrapping it); called at
+            each generation, since the Trainer wraps the team when training starts.
+        tokenizers: one per agent.
+        eos_ids: the EOS token ids of each agent.
+        sampling: the run's sampling settings.
+        parallel_agents: run the agents' `generate` calls in one thread each (agents placed on different devices,
+            `parallel_training="mp"`); tokenizing and decoding stay on the calling thread.
+    """
+
+    def __init__(
+        self,
+        accelerator: Any,
+        team: Callable[[], nn.Module],
+        tokenizers: Sequence[Any],
+        eos_ids: Sequence[list[int]],
+        sampling: SamplingSettings,
+        parallel_agents: bool = False,
+    ):
+        self.accelerator = accelerator
+        self._team = team
+        self.tokenizers = list(tokenizers)
+        self.eos_ids = list(eos_ids)
+        self.sampling = sampling
+        self.parallel_agents = parallel_agents
+
+    @property
+    def team(self) -> nn.Module:
+        """The team module, unwrapped from the engine the accelerator built."""
+        return self.accelerator.unwrap_model(self._team())
+
+    @property
+    def zero3(self) -> bool:
+        return is_zero3(self.accelerator)
+
+    @property
+    def collective(self) -> bool:
+        return self.accelerator.num_processes > 1 and (self.zero3 or is_fsdp2(self.accelerator))
+
+    @contextmanager
+    def unwrapped_team(self) -> Iterator[nn.Module]:
+        wrapped = self._team()
+        zero3 = self.zero3
+        # ZeRO-3: no whole-team gather; each agent is gathered for its own call (`generate_with`)
+        with (
+            unwrap_model_for_generation(wrapped, self.accelerator, gather_deepspeed3_params=not zero3) as team,
+            hooks_removed(wrapped) if zero3 else nullcontext(),
+        ):
+            yield team
+
+    @torch.no_grad()
+    def generate(
+        self, prompts_per_agent: Sequence[Sequence[PromptText]], num_generations: int, greedy: bool = False
+    ) -> list[GenerationOutput]:
+        with self.unwrapped_team() as team:
+            if team.shared_base:
+                return self._generate_shared(team, prompts_per_agent, num_generations, greedy)
+            return self.generate_with(
+                list(team.agents), self.tokenizers, prompts_per_agent, num_generations, self.eos_ids, greedy
+            )
+
+    def generate_with(
+        self,
+        models: Sequence[nn.Module],
+        tokenizers: Sequence[Any],
+        prompts_per_agent: Sequence[Sequence[PromptText]],
+        num_generations: int,
+        eos_ids: Sequence[list[int]] | None = None,
+        greedy: bool = False,
+    ) -> list[GenerationOutput]:
+        if eos_ids is None:
+            eos_ids = [eos_token_ids(m, t) for m, t in zip(models, tokenizers)]
+        G = num_generations
+        encoded = [self._encode(tok, prompts) for tok, prompts in zip(tokenizers, prompts_per_agent)]
+        configs = [self.generation_config(tokenizers[i], eos_ids[i], G, greedy) for i in range(len(models))]
+        # a sharded agent's generate is a collective (transformers' `synced_gpus`, as TRL generates under ZeRO-3 /
+        # FSDP): every process runs it until the longest is done; one without prompts decodes a placeholder
+        synced = [self.collective and is_sharded(m) for m in models]
+
+        def run(i: int) -> torch.Tensor:
+            with self._gathered(models[i]):  # this agent only, for the whole generate call
+                if len(prompts_per_agent[i]):
+                    return _generate(models[i], *encoded[i], configs[i], synced[i])
+                if synced[i]:  # no prompts here (trl_marl.distributed.collective): greedy (no random draw), discarded
+                    ids = torch.full((1, 1), tokenizers[i].pad_token_id, dtype=torch.long)
+                    placeholder = self.generation_config(tokenizers[i], eos_ids[i], 1, greedy=True)
+                    _generate(models[i], ids, torch.ones_like(ids), placeholder, True)
+                return torch.zeros(0, 0, dtype=torch.long)
+
+        if self.parallel_agents and len(models) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=len(models)) as pool:
+                completions = list(pool.map(run, range(len(models))))
+        else:
+            completions = [run(i) for i in range(len(models))]
+        return [_decode(tokenizers[i], encoded[i], completions[i], eos_ids[i], G) for i in range(len(models))]
+
+    def generation_config(
+        self, tokenizer: Any, eos_ids: list[int], num_return_sequences: int = 1, greedy: bool = False
+    ):
+        """transformers' `GenerationConfig` of one call: the run's sampling settings, or greedy decoding."""
+        s = self.sampling
+        sampling = {} if greedy else {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or 0}
+        return GenerationConfig(
+            num_return_sequences=num_return_sequences,
+            do_sample=not greedy,
+            max_new_tokens=s.max_completion_length,  # transformers' name
+            **sampling,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos_ids,
+            use_cache=True,
+        )
+
+    def _generate_shared(
+        self, team: nn.Module, prompts_per_agent: Sequence[Sequence[PromptText]], G: int, greedy: bool = False
+    ) -> list[GenerationOutput]:
+        """Shared-base team: ONE `generate` call for every agent's prompts x G, each row with its agent's adapter."""
+        from trl.trainer.utils import pad
+
+        cut = self.sampling.max_prompt_length
+        rows, owners = [], []
+        for i, prompts in enumerate(prompts_per_agent):
+            if not prompts:
+                continue
+            chat = getattr(prompts[0], "chat", False)
+            for ids in self.tokenizers[i](list(prompts), add_special_tokens=not chat)["input_ids"]:
+                if cut is not None:
+                    ids = ids[-cut:]
+                rows += [torch.tensor(ids, dtype=torch.long)] * G
+                owners += [i] * G
+        per_agent = [GenerationOutput([], [], []) for _ in prompts_per_agent]
+        base = team.shared
+        # a sharded base's generate is a collective (see generate_with): with no rows, a placeholder row, greedy
+        synced = self.collective and is_sharded(base)
+        if not rows and not synced:
+            return per_agent
+        pad_id = self.tokenizers[0].pad_token_id
+        placeholder = not rows
+        if placeholder:
+            rows, owners = [torch.tensor([pad_id], dtype=torch.long)], [0]
+        input_ids = pad(rows, pad_id, padding_side="left")
+        mask = pad([torch.ones_like(r) for r in rows], 0, padding_side="left")
+        device = next(team.agents[0].parameters()).device
+        was_training = base.training
+        base.eval()
+        try:
+            with self._gathered(base):
+                out = mixed_adapter_generate(
+                    base,
+                    input_ids.to(device),
+                    mask.to(device),
+                    [team.agents[i].adapter for i in owners],
+                    self.generation_config(self.tokenizers[0], self.eos_ids[0], 1, greedy or placeholder),
+                    synced_gpus=synced,
+                )
+        finally:
+            base.train(was_training)
+        if placeholder:
+            return per_agent
+        completions = out[:, input_ids.shape[1] :].cpu()
+        lengths = completion_mask(completions, self.eos_ids[0]).sum(dim=1).tolist()
+        comp_ids = [completions[r, : lengths[r]] for r in range(len(rows))]
+        texts = self.tokenizers[0].batch_decode([c.tolist() for c in comp_ids], skip_special_tokens=True)
+        for r, i in enumerate(owners):
+            per_agent[i].texts.append(texts[r])
+            per_agent[i].prompt_ids.append(rows[r])
+            per_agent[i].completion_ids.append(comp_ids[r])
+        return per_agent
+
+    def _gathered(self, model: nn.Module):
+        """The full parameters of `model` (one agent) for its `generate` call under FSDP2 / ZeRO-3; else nothing."""
+        if is_fsdp2(self.accelerator):
+            return gathered_for_generation(model, self._team())
+        if self.zero3:
+            return zero3_gathered(model)
+        return nullcontext()
+
+    def _encode(self, tokenizer: Any, prompts: Sequence[PromptText]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and mask (no special tokens after a chat template), cut to `max_prompt_length`."""
+        if not prompts:
+            return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long)
+        chat = getattr(prompts[0], "chat", False)
+        enc = tokenizer(
+            list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=not chat
+        )
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        cut = self.sampling.max_prompt_length
+        if cut is not None and ids.shape[1] > cut:
+            ids, mask = ids[:, -cut:], mask[:, -cut:]
+        return ids, mask
+
+
+def _generate(
+    model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, config: GenerationConfig, synced: bool
+) -> torch.Tensor:
+    """The completion ids (on the CPU) of one `generate` call, the model in eval mode for it: transformers'
+    generation is ~25% faster on small models than in train mode, and sampling must not depend on the train/eval
+    state anyway (dropout is disabled)."""
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        out = model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config, synced_gpus=synced
+        )
+        return out[:, ids.shape[1] :].cpu()
+    finally:
+        model.train(was_training)
+
+
+def _decode(
+    tokenizer: Any, encoded: tuple[torch.Tensor, torch.Tensor], completions: torch.Tensor, eos_ids: list[int], G: int
+) -> GenerationOutput:
+    """Completions cut after their first EOS, their text, and each row's prompt ids."""
+    if completions.shape[0] == 0:  # no prompts
+        return GenerationOutput([], [], [])
+    ids, mask = encoded
+    lengths = completion_mask(completions, eos_ids).sum(dim=1).tolist()
+    comp_ids = [completions[r, : lengths[r]] for r in range(completions.shape[0])]
+    prompt_rows = [ids[p][mask[p].bool()] for p in range(ids.shape[0])]
+    texts = tokenizer.batch_decode([c.tolist() for c in comp_ids], skip_special_tokens=True)
+    return GenerationOutput(texts, [prompt_rows[r // G] for r in range(len(comp_ids))], comp_ids)

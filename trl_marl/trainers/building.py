@@ -1,0 +1,160 @@
+"""How a trainer builds its team: the agents and their tokenizers, the frozen references of the KL penalty (and the
+penalty itself), and the optimizer's parameter groups (one per agent, at the agent's own learning rate)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from trl.trainer.utils import disable_dropout_in_model
+
+from trl_marl.algorithms.losses import k3_kl
+from trl_marl.data_types.rollout import Rollout
+from trl_marl.distributed.fsdp import is_fsdp2, shard_module
+from trl_marl.distributed.zero3 import zero3_frozen_copy, zero3_init_enabled
+from trl_marl.models.adapters import AdapterDisabled, build_shared_base, wrap_agents_with_peft
+from trl_marl.models.loading import load_agents, load_tokenizers
+from trl_marl.models.team import agent_token_logprobs
+
+__all__ = [
+    "load_team_members",
+    "place_agents",
+    "reference_models",
+    "set_kl_penalties",
+    "agent_learning_rate",
+    "agent_param_groups",
+    "decay_groups",
+    "clip_each",
+]
+
+
+def load_team_members(
+    sources: Sequence[Any], args: Any, processing_class: Any, model_config: Any, peft_config: Any
+) -> tuple[list[PreTrainedModel], list[str], list[Any], nn.Module | None]:
+    """`(models, names, tokenizers, shared)`: the agents loaded from their sources (ids loaded once per agent, never
+    sharing parameters), dropout disabled when `args.disable_dropout`, wrapped by `peft_config`; with
+    `share_base_model` the agents are adapter views of ONE base model, `shared`, else `shared` is None."""
+    n = args.num_agents
+    shared = None
+    if args.share_base_model:
+        base, base_names = load_agents(sources[0], None, 1, model_config)
+        names = base_names * n
+        if args.disable_dropout:
+            disable_dropout_in_model(base[0])
+        shared, models = build_shared_base(base[0], peft_config, n, names[0])
+    else:
+        models, names = load_agents(None, sources, n, model_config)
+        if args.disable_dropout:
+            for m in models:
+                disable_dropout_in_model(m)
+        if peft_config is not None:
+            models = wrap_agents_with_peft(models, peft_config, names)
+    return models, names, load_tokenizers(processing_class, names, n, sources), shared
+
+
+def place_agents(team: nn.Module, devices: Sequence[str]) -> None:
+    """`parallel_training="mp"`: agent i on `devices[i]` (one device: all of them), recorded in `hf_device_map` so
+    the Trainer leaves the placement alone."""
+    devices = list(devices) * team.num_agents if len(devices) == 1 else list(devices)
+    for agent, dev in zip(team.agents, devices):
+        agent.to(dev)
+    team.hf_device_map = {f"agents.{i}": d for i, d in enumerate(devices)}
+
+
+def reference_models(trainer: Any) -> list[nn.Module]:
+    """Frozen copies of each agent's initial weights, for the reference-KL penalty, placed as the trainer's engine
+    needs (DeepSpeed: TRL's `prepare_deepspeed`; FSDP2: sharded like the team; else beside the agent or on
+    `reference_devices`). PEFT agents use their base with the adapters disabled instead (no copy)."""
+    team = trainer.team
+    if team.shared_base:
+        return [AdapterDisabled(team.shared)] * team.num_agents
+    if trainer.peft_config is not None:
+        return [AdapterDisabled(agent) for agent in team.agents]
+    devs = trainer.args.reference_devices
+    refs = []
+    for i, agent in enumerate(team.agents):
+        # agents built inside deepspeed.zero.Init (zero3_init_flag) are copied partitioned (trl_marl.distributed.zero3)
+        ref = zero3_frozen_copy(agent) if zero3_init_enabled() else copy.deepcopy(agent)
+        ref = ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        if trainer.is_deepspeed_enabled:
+            from trl.models.utils import prepare_deepspeed
+
+            ref = prepare_deepspeed(ref, trainer.accelerator)
+        elif is_fsdp2(trainer.accelerator):
+            ref = shard_module(ref, trainer.accelerator)
+        else:
+            ref.to(devs[0 if len(devs) == 1 else i] if devs else next(agent.parameters()).device)
+        refs.append(ref)
+    return refs
+
+
+@torch.no_grad()
+def set_kl_penalties(trainer: Any, rollout: Rollout) -> list[float | None]:
+    """Set `sample.penalty = reference_kl_coef * KL_k3(sample)` on every sample of `rollout`: the k3 estimate of the
+    KL to agent i's reference, summed over the completion tokens, both policies scored at the sampling temperature
+    (as TRL's GRPO), one batched pass per agent. Returns each agent's mean KL (None for an agent with no samples)."""
+    coef, T = trainer.args.reference_kl_coef, trainer.args.temperature
+    team = trainer.team
+    means: list[float | None] = []
+    for i in range(trainer.num_agents):
+        samples = rollout.samples_of_agent(i)
+        if not samples:
+            means.append(None)
+            continue
+        batch = trainer.agent_batch(i, samples)
+        logp = agent_token_logprobs(team.agents[i], batch, T)
+        ref_logp = agent_token_logprobs(trainer.reference_models[i], batch, T).to(logp.device)
+        kl = k3_kl(logp, ref_logp, batch.completion_mask.to(logp.device)).cpu()
+        for s, v in zip(samples, kl.tolist()):
+            s.penalty = coef * v
+        means.append(kl.mean().item())
+    return means
+
+
+def agent_learning_rate(args: Any, i: int) -> float:
+    """Agent i's learning rate: `agent_learning_rate` (one rate for every agent, or one per agent), else
+    `learning_rate`."""
+    lr = args.agent_learning_rate
+    if lr is None:
+        return args.learning_rate
+    if isinstance(lr, (list, tuple)):
+        return lr[0] if len(lr) == 1 else lr[i]
+    return lr
+
+
+def decay_groups(
+    named: Sequence[tuple[str, torch.nn.Parameter]], decay: set[str], weight_decay: float, lr: float, name: str
+) -> list[dict]:
+    """One module's two optimizer parameter groups, labelled `name` (logged as `<name>/learning_rate`): the
+    parameters in `decay` at `weight_decay`, the others without."""
+    return [
+        {"params": [p for k, p in named if k in decay], "weight_decay": weight_decay, "lr": lr, "name": name},
+        {"params": [p for k, p in named if k not in decay], "weight_decay": 0.0, "lr": lr, "name": name},
+    ]
+
+
+def agent_param_groups(team: nn.Module, args: Any, decay: set[str]) -> list[dict]:
+    """The agents' parameter groups: `agent_{i}` at agent i's learning rate (`agent_learning_rate`), the parameters
+    in `decay` (names in the team) at `args.weight_decay`."""
+    groups: list[dict] = []
+    for i in range(team.num_agents):
+        lr = agent_learning_rate(args, i)
+        groups += decay_groups(team.agent_named_parameters(i), decay, args.weight_decay, lr, f"agent_{i + 1}")
+    return groups
+
+
+def clip_each(groups: Sequence[Sequence[torch.nn.Parameter]], max_norm: float) -> torch.Tensor:
+    """Clip each parameter set's gradient by its OWN norm to `max_norm`; returns the pre-clip norm of them all
+    together (what transformers logs as `grad_norm`)."""
+    norms = []
+    for params in groups:
+        params = [p for p in params if p.grad is not None]
+        if params:
+            norms.append(torch.nn.utils.clip_grad_norm_(params, max_norm).float().cpu())
+    return torch.stack(norms).norm() if norms else torch.tensor(0.0)

@@ -1,0 +1,273 @@
+"""The checkpoint / resume part of a trainer: the team folders it saves, each process's resume state, preemption.
+
+A saved team (`trainer.save_model()`, and the model part of every checkpoint) is one folder per agent, `agent_1/ ...
+agent_n/`, each a `save_pretrained` folder with the agent's tokenizer (an adapter folder for a PEFT agent), plus
+`team.json` (what `AgentTeam.from_pretrained` reads), the cards and `training_args.bin`. A checkpoint adds, per
+process, the state an exact resume needs (`trl_marl_state_rank{r}.pt`: the step inside the rollout, the buffered
+rollout, `env_step`, the metrics since the last log, the random streams and the trainer's extra state), written and
+read by `trl_marl.checkpointing.checkpoint` (crash-safe folders, the `weights_only` allowlist).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+
+from trl_marl.checkpointing.checkpoint import (
+    PREEMPTED_EXIT_CODE,
+    CheckpointError,
+    PreemptionHandler,
+    is_staging_folder,
+    load_resume_state,
+)
+from trl_marl.checkpointing.checksums import write_folder_checksums
+from trl_marl.checkpointing.state_files import CorruptedStateError
+from trl_marl.hub import (
+    CARD_FILE,
+    TEAM_FILE,
+    agent_role,
+    clear_saved_team,
+    saved_team_entries,
+    team_metadata,
+    write_trainer_cards,
+)
+from trl_marl.utils.secrets import redacted_args
+
+__all__ = [
+    "checkpoint_identity",
+    "save_team",
+    "resume_state",
+    "restore",
+    "team_description",
+    "save_agents",
+    "write_team_files",
+    "load_agents_from",
+    "load_weights",
+    "load_process_state",
+    "save_rng_streams",
+    "load_rng_streams",
+    "PreemptionCallback",
+    "exit_preempted",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def save_team(trainer: Any, output_dir: str, state_dict: dict | None = None) -> None:
+    """Write `trainer`'s team to `output_dir`: `agent_1/ ... agent_n/` (`save_agents`), what the trainer saves beside
+    them (`trainer._save_extra`: critics, a reward model), `team.json` and `training_args.bin` (`write_team_files`),
+    and the cards. `state_dict` is the team's (as the engine gathered it); None: the team's own."""
+    os.makedirs(output_dir, exist_ok=True)
+    # a re-used output_dir: no stale agent_i/ (an adapter_config.json, a value head), critic or reward model of an
+    # earlier run may stay beside this run's team for AgentTeam.from_pretrained or a reader to pick up
+    clear_saved_team(output_dir)
+    team = trainer.team
+    if state_dict is None:
+        state_dict = team.state_dict()
+    save_agents(output_dir, team, trainer.tokenizers, state_dict)
+    trainer._save_extra(output_dir, state_dict)
+    write_team_files(output_dir, trainer._team_description(), trainer.args)
+    write_trainer_cards(trainer, output_dir)
+    if not is_staging_folder(output_dir):  # a checkpoint's marker holds the digest of every file already
+        write_folder_checksums(output_dir, saved_team_entries(output_dir), exclude_names=[CARD_FILE])
+
+
+def checkpoint_identity(trainer: Any) -> dict:
+    """What a checkpoint records about the run that wrote it, checked when one is resumed: the trainer, the algorithm
+    and the team (a checkpoint of another trainer or team is refused as such, not called damaged)."""
+    return {
+        "trainer": type(trainer).__name__,
+        "algorithm": trainer._name,
+        "num_agents": trainer.num_agents,
+        "agents": list(trainer.agent_names),
+    }
+
+
+def resume_state(trainer: Any) -> dict:
+    """What one process of `trainer` needs to continue exactly (saved in every checkpoint as
+    `trl_marl_state_rank{r}.pt`; the global torch / numpy / python random states are transformers' `rng_state*.pth`):
+    the step inside the rollout, `env_step`, the buffered rollout, the last evaluation reward, the metrics recorded
+    since the last log, the random streams and the trainer's `_extra_resume_state()`."""
+    return {
+        "num_processes": trainer.accelerator.num_processes,
+        "step": trainer._step,
+        "env_step": trainer.env_step,
+        "buffered": trainer._buffered,
+        "last_eval_reward": trainer._last_eval_reward,
+        "metrics": trainer._metrics.state_dict(),
+        "rng_streams": trainer.rng_streams.state_dict(),
+        "extra": trainer._extra_resume_state(),
+    }
+
+
+def restore(trainer: Any, checkpoint: str) -> None:
+    """Restore what `resume_state` saved in `checkpoint` for this process (`load_process_state`), the trainer's extra
+    state through `trainer._restore_extra_state`."""
+    state = load_process_state(checkpoint, trainer.accelerator, trainer.all_resume_types())
+    trainer._step = int(state["step"])
+    trainer.env_step = int(state["env_step"])
+    trainer._buffered = state["buffered"]
+    trainer._last_eval_reward = state.get("last_eval_reward")
+    trainer._metrics.load_state_dict(state.get("metrics", {}))
+    if state.get("rng_streams") is not None:
+        trainer.rng_streams.load_state_dict(state["rng_streams"])
+    trainer._restore_extra_state(checkpoint, state.get("extra", {}))
+
+
+def team_description(trainer: Any) -> dict:
+    """`team.json`'s content: the algorithm, each agent's folder, source, formatter and role, the reward, the joint
+    mode and number of turns, and `trl_marl.hub.team_metadata` (the safe training config, the paper, the tags)."""
+    formatters = trainer.formatters
+    return {
+        "algorithm": trainer._name,
+        "num_agents": trainer.num_agents,
+        "agents": [
+            {
+                "folder": f"agent_{i + 1}",
+                "source": trainer.agent_names[i],
+                "formatter": getattr(formatters[i], "__qualname__", type(formatters[i]).__name__),
+                "role": agent_role(formatters[i], i),
+            }
+            for i in range(trainer.num_agents)
+        ],
+        "reward_func": trainer.reward.name,
+        "joint_mode": trainer.args.joint_mode,
+        "num_turns": trainer.args.num_turns,
+        **team_metadata(trainer),
+    }
+
+
+def save_agents(output_dir: str, team: nn.Module, tokenizers: Sequence[Any], state_dict: dict) -> None:
+    """Write `agent_1/ ... agent_n/`: each agent's `save_pretrained` folder (its weights taken from `state_dict`, the
+    team's, so a sharded team saves what the engine gathered) with its tokenizer."""
+    for i, agent in enumerate(team.agents):
+        prefix = "shared." if team.shared_base else f"agents.{i}."  # a LoRA team's agents share `shared`
+        sub = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        folder = os.path.join(output_dir, f"agent_{i + 1}")
+        agent.save_pretrained(folder, state_dict=sub or None)
+        tokenizers[i].save_pretrained(folder)
+
+
+def write_team_files(output_dir: str, description: dict, args: Any) -> None:
+    """`team.json` (the team's description) and `training_args.bin` (the config as `TrainingArguments` pickles it,
+    minus anything secret: `trl_marl.utils.secrets`)."""
+    with open(os.path.join(output_dir, TEAM_FILE), "w", encoding="utf-8") as f:
+        json.dump(description, f, indent=2)
+    torch.save(redacted_args(args), os.path.join(output_dir, "training_args.bin"))
+
+
+def load_agents_from(checkpoint: str, team: nn.Module) -> None:
+    """Load every agent of `team` from `agent_i/` of a folder written by `save_agents`."""
+    for i, agent in enumerate(team.agents):
+        load_weights(agent, os.path.join(checkpoint, f"agent_{i + 1}"))
+
+
+def load_weights(module: nn.Module, folder: str) -> None:
+    """Load a saved agent (or critic backbone) folder of a checkpoint into `module`: an adapter on a shared base, a
+    PEFT adapter, or full (possibly sharded) `safetensors` weights. A missing or damaged file is a
+    `CorruptedStateError` naming it; weights that do not match the module are a RuntimeError."""
+    from safetensors.torch import load_file as _load_file
+
+    fix = f"delete {os.path.dirname(os.path.abspath(folder))} and resume from the checkpoint before it"
+
+    def load_file(path: str) -> dict:
+        try:
+            return _load_file(path)
+        except Exception as exc:  # noqa: BLE001 -- safetensors / OS errors of a damaged file
+            raise CorruptedStateError(path, f"unreadable weights ({type(exc).__name__}: {exc})", fix) from exc
+
+    if not os.path.isdir(folder):
+        raise CorruptedStateError(folder, "the folder is missing", fix)
+    if hasattr(module, "load_saved"):  # an adapter on a shared base
+        module.load_saved(folder)
+        return
+    adapter_file = os.path.join(folder, "adapter_model.safetensors")
+    if os.path.isfile(adapter_file):  # a PEFT agent: its adapter
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(module, load_file(adapter_file))
+        return
+    single = os.path.join(folder, "model.safetensors")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        state = load_file(single)
+    elif os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        state = {}
+        for fn in files:
+            state.update(load_file(os.path.join(folder, fn)))
+    else:
+        raise CorruptedStateError(folder, "no model weights (model.safetensors or model.safetensors.index.json)", fix)
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    tied = set(getattr(module, "_tied_weights_keys", None) or [])
+    tied |= {
+        k for k in missing if k.endswith("lm_head.weight") and getattr(module.config, "tie_word_embeddings", False)
+    }
+    bad = [k for k in missing if k not in tied]
+    if bad or unexpected:
+        raise RuntimeError(f"checkpoint {folder} does not match the agent: missing {bad}, unexpected {unexpected}")
+
+
+def load_process_state(checkpoint: str, accelerator: Any, resume_types: Sequence[type]) -> dict:
+    """This process's resume state of `checkpoint` (only `resume_types` besides tensors and containers are
+    unpickled); a `CheckpointError` when it was written by another number of processes (each process resumes its own
+    rollout buffer and random streams)."""
+    state = load_resume_state(checkpoint, accelerator.process_index, resume_types)
+    saved_world = state.get("num_processes", accelerator.num_processes)
+    if saved_world != accelerator.num_processes:
+        raise CheckpointError(
+            f"{checkpoint} was written by {saved_world} process(es) and this run has "
+            f"{accelerator.num_processes}: each process resumes its own rollout buffer and random streams; "
+            f"resume with {saved_world} process(es)"
+        )
+    return state
+
+
+def save_rng_streams(streams: Any, output_dir: str, rank: int) -> None:
+    """This process's random streams (`trl_marl.data_types.rng.RNGStreams`) as `rng_streams_{rank}.pt`."""
+    torch.save(streams.state_dict(), os.path.join(output_dir, f"rng_streams_{rank}.pt"))
+
+
+def load_rng_streams(streams: Any, checkpoint: str, rank: int) -> None:
+    """Restore what `save_rng_streams` wrote (nothing when the checkpoint has no such file)."""
+    path = os.path.join(checkpoint, f"rng_streams_{rank}.pt")
+    if os.path.isfile(path):
+        streams.load_state_dict(torch.load(path, weights_only=True))
+
+
+class PreemptionCallback(TrainerCallback):
+    """After a preemption signal (to any process): save a checkpoint at the end of the current optimizer step on
+    every process, then stop."""
+
+    def __init__(self, handler: PreemptionHandler, accelerator: Any):
+        self.handler = handler
+        self.accelerator = accelerator
+
+    def on_step_end(self, args, state, control, **kwargs):
+        requested = self.handler.requested
+        if self.accelerator.num_processes > 1:  # a signal to any process stops all of them at the same step
+            flag = torch.tensor([1.0 if requested else 0.0], device=self.accelerator.device)
+            requested = self.accelerator.reduce(flag, reduction="sum").item() > 0
+        if requested:
+            self.handler.stop_now = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+def exit_preempted(trainer: Any) -> None:
+    """End a preempted run: say where its checkpoint is and exit with `PREEMPTED_EXIT_CODE` (75)."""
+    signal = trainer._preemption.signal_name or "another process"
+    logger.warning(
+        f"{type(trainer).__name__}: stopped by {signal} at step {trainer.state.global_step}; checkpoint saved in "
+        f"{trainer.args.output_dir}; resume with resume_from_checkpoint=True"
+    )
+    raise SystemExit(PREEMPTED_EXIT_CODE)
