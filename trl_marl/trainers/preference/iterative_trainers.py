@@ -38,6 +38,7 @@ class MADPOIterTrainer(MADPOTrainer):
     _tag_names = ["trl", "trl_marl", "multi-agent", "madpo", "iterative-dpo"]
     config_class = MADPOIterConfig
     args_class = MADPOIterConfig
+    runs_rounds = True  # its pairs come from the rounds: given pairs are refused
     _precompute_from_initial_agents = False  # later rounds' pairs are collected after updates
 
     def __init__(
