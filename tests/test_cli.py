@@ -394,3 +394,22 @@ def test_unknown_yaml_key_names_the_file_and_the_closest_field(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["magrpo", "--config", str(config)])
     assert f"unknown key 'num_agentz' in --config {config} (did you mean num_agents?)" in str(exit_info.value.code)
+
+
+def test_a_preference_dataset_on_the_command_line_trains_madpo_without_a_reward(tmp_path):
+    """`trl-marl madpo --dataset_name prefs.jsonl` with TRL's preference columns per agent trains on those pairs (no
+    --reward_funcs, no evaluation); an RL command is pointed at madpo / marlhf instead."""
+    from datasets import Dataset
+
+    rows = [
+        {"prompt_1": f"Q{i}: say hi", "chosen_1": " hi", "rejected_1": " no", "prompt_2": f"Q{i}: bye"}
+        | {"chosen_2": " bye", "rejected_2": " what"}
+        for i in range(4)
+    ]
+    data = tmp_path / "prefs.jsonl"
+    Dataset.from_list(rows).to_json(str(data))
+    out = tmp_path / "out"
+    run_command("madpo", ["--dataset_name", str(data), "--max_steps", "1", "--output_dir", str(out)])
+    assert (out / "agent_2" / "model.safetensors").exists()
+    with pytest.raises(ValueError, match=r"holds preference pairs .*train on them with `trl-marl madpo`"):
+        run_command("magrpo", ["--dataset_name", str(data), "--max_steps", "1", "--output_dir", str(tmp_path / "x")])

@@ -402,6 +402,9 @@ def run_recipe(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from trl import get_peft_config
 
+    from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin
+    from trl_marl.trainers.preference.preference_data import looks_like_preference_data
+
     if recipe_args.dataset_name:
         train, test = load_recipe_dataset(recipe_args)
         task_reward, task_formatters, transition, metrics_cb, data_name = None, None, None, None, None
@@ -420,8 +423,19 @@ def run_recipe(
         transition, metrics_cb, data_name = task.external_transition, task.metrics_callback, task.name
     n = config.num_agents
     reward = recipe_reward(recipe_args, n) or task_reward
-    if reward is None:
+    # a dataset of preference pairs (TRL's columns per agent, docs/offline-preference.md) trains the preference
+    # trainers on exactly its pairs, with no reward; evaluation needs a reward, so it runs only with --reward_funcs
+    preference_data = bool(recipe_args.dataset_name) and looks_like_preference_data(train)
+    if preference_data and not issubclass(trainer_cls, PreferenceCollectionMixin):
+        raise ValueError(
+            f"--dataset_name {recipe_args.dataset_name} holds preference pairs (prompt / chosen / rejected columns): "
+            "train on them with `trl-marl madpo` or `trl-marl marlhf`; the RL commands need task items and "
+            "--reward_funcs"
+        )
+    if reward is None and not preference_data:
         raise ValueError("--dataset_name needs --reward_funcs module:function (the team reward)")
+    if reward is None:
+        test = None  # no task reward to evaluate with
     team: dict[str, Any]
     if recipe_args.agent_models:
         team = {"agents": list(recipe_args.agent_models)}
