@@ -87,6 +87,8 @@ class GRPOLossStep:
         self.settings = [args.loss_settings(i) for i in range(n)]
         self.mask_truncated = agent_values(args.mask_truncated_completions, n)
         self.vllm_correction = bool(args.use_vllm and args.vllm_importance_sampling_correction)
+        if self.vllm_correction:  # the correction needs vLLM's sampled log-probs of every training rollout
+            trainer.generation.keep_sampling_logprobs = True
         self.entropy_grad = any(s.entropy_coef != 0.0 for s in self.settings)
 
     @property
