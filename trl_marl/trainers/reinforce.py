@@ -25,6 +25,7 @@ import warnings
 
 import torch
 
+import trl_marl.trainers.building as building
 from trl_marl.algorithms.advantages import baseline_advantages, cross_sample_returns, group_advantages
 from trl_marl.algorithms.grpo import multi_objective_advantages, scale_baseline_advantages
 from trl_marl.algorithms.logprobs import sequence_logprobs
@@ -35,7 +36,7 @@ from trl_marl.trainers.base import MultiAgentTrainer
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.data import Experience, rollout_dataloader
 from trl_marl.trainers.grpo_step import AgentGeneration, GRPOLossStep, ReferenceSyncCallback
-from trl_marl.trainers.per_agent import agent_value
+from trl_marl.trainers.per_agent import agent_value, agent_values
 from trl_marl.trainers.reinforce_config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 
 __all__ = [
@@ -105,8 +106,6 @@ class MAGRPOTrainer(MultiAgentTrainer):
         # TRL's loss family (`loss_type` set): its per-generation data and per-step loss
         self.grpo_step = GRPOLossStep(self) if self._trl_config and self.args.uses_trl_loss else None
         if self._trl_config and self.args.sync_ref_model:
-            import trl_marl.trainers.building as building
-
             self.add_callback(ReferenceSyncCallback(lambda alpha: building.sync_reference_models(self, alpha)))
 
     @property
@@ -137,9 +136,7 @@ class MAGRPOTrainer(MultiAgentTrainer):
                 "adapter disabled (no model of its own), so there is no reference to move toward the agent (TRL "
                 "refuses it too). Use sync_ref_model=False, or full fine-tuning"
             )
-        if args.num_generations < 2 and "group" in (
-            args.scale_rewards if isinstance(args.scale_rewards, list) else [args.scale_rewards]
-        ):
+        if args.num_generations < 2 and "group" in agent_values(args.scale_rewards, args.num_agents):
             raise ValueError(
                 "scale_rewards='group' needs num_generations >= 2: a group of one sample has std 0 (TRL requires "
                 "num_generations >= 2); use 'batch' or 'none'"
