@@ -84,6 +84,7 @@ SMALLEST = {
     ],
     "preference.py": ["--items", "2", "--candidates", "2", "--batch", "2"],
     "lora.py": ["--memory_model", "tiny", "--repeats", "1"],
+    "grpo_reuse.py": ["--steps", "1", "--repeats", "1", "--items", "4", "--max_completion_length", "4"],
     "learning_curves.py": [
         *("--tasks", "coordination", "--trainers", "MAGRPO", "--seeds", "0"),
         *("--max_steps", "2", "--eval_interval", "1"),

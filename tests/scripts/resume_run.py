@@ -19,8 +19,8 @@ import torch
 os.environ.setdefault("CI", "1")
 torch.set_num_threads(1)
 
-FAMILIES = ("magrpo", "maac", "iac", "mappo", "madpo", "marlhf", "madpoiter", "marlhfiter")
-MAX_STEPS = {"magrpo": 6, "maac": 6, "iac": 6, "mappo": 6, "madpo": 6, "marlhf": 6}
+FAMILIES = ("magrpo", "magrpo_trl", "maac", "iac", "mappo", "madpo", "marlhf", "madpoiter", "marlhfiter")
+MAX_STEPS = {"magrpo": 6, "magrpo_trl": 6, "maac": 6, "iac": 6, "mappo": 6, "madpo": 6, "marlhf": 6}
 
 
 def reward(c1, c2):
@@ -62,6 +62,9 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = 
     kw = dict(model=tiny, reward_funcs=reward, train_dataset=items(), callbacks=callbacks)
     if family == "magrpo":
         return tm.MAGRPOTrainer(args=tm.MAGRPOConfig(**common, **rl), **kw)
+    if family == "magrpo_trl":  # TRL's loss: each generation's old / reference log-probs in the resume state
+        trl = dict(loss_type="dapo", beta=0.04, num_iterations=2)
+        return tm.MAGRPOTrainer(args=tm.MAGRPOConfig(**common, **rl, **trl), **kw)
     if family == "maac":
         return tm.MAACTrainer(critic_model=tiny, args=tm.MAACConfig(**common, **rl), **kw)
     if family == "iac":

@@ -39,6 +39,8 @@ class Sample:
     prompt_ids: torch.Tensor
     completion_ids: torch.Tensor
     penalty: float = 0.0  # e.g. reference-KL penalty subtracted from this agent's reward
+    # the sampler's log-prob of each completion token, when the engine reports them (vLLM; NaN: not scored)
+    sampling_logprobs: torch.Tensor | None = None
 
 
 @dataclass
@@ -56,6 +58,8 @@ class Node:
     joint: list[tuple[int, ...]] = field(default_factory=list)  # per joint action, the sample index k per agent
     rewards: torch.Tensor | None = None  # (J,) or (J, n) processed rewards
     raw_rewards: torch.Tensor | None = None
+    # each reward function's raw rewards of the J joint actions (name -> (J,)), TRL's `rewards_per_func`
+    reward_components: dict[str, torch.Tensor] | None = None
     children: dict[int, int] = field(default_factory=dict)  # joint index -> child node id
     terminated: bool = False
     greedy_reward: float | None = None  # reward of the greedy joint action (ReMax's baseline), when sampled

@@ -25,13 +25,17 @@ __all__ = ["GenerationEngine", "SamplingSettings"]
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """The sampling settings of a run (TRL's names, as `MultiAgentConfig` holds them).
+    """The sampling settings of one agent (TRL's names, as the trainer configs hold them).
 
     Attributes:
         max_completion_length: the most tokens a completion may have.
         max_prompt_length: prompts are cut to their last `max_prompt_length` tokens; None keeps them whole.
         temperature, top_p, top_k: nucleus / top-k sampling (`top_k=None` disables it); greedy decoding ignores
             them.
+        min_p: minimum token probability relative to the most likely token (None: off).
+        repetition_penalty: transformers' / vLLM's repetition penalty (1.0: off).
+        generation_kwargs: more keyword arguments of the backend's sampling settings (transformers'
+            `GenerationConfig` or vLLM's `SamplingParams`); they override the fields above, as in TRL.
     """
 
     max_completion_length: int
@@ -39,11 +43,34 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    generation_kwargs: dict[str, Any] | None = None
 
     @classmethod
-    def from_config(cls, args: Any) -> SamplingSettings:
-        """The settings of a trainer config (any object with these fields)."""
-        return cls(args.max_completion_length, args.max_prompt_length, args.temperature, args.top_p, args.top_k)
+    def from_config(cls, args: Any, agent: int = 0) -> SamplingSettings:
+        """Agent `agent`'s settings in a trainer config: its fields, each one value or one per agent (`min_p`,
+        `repetition_penalty` and `generation_kwargs` where the config has them)."""
+
+        def value(name: str, default: Any = None) -> Any:
+            v = getattr(args, name, default)
+            return (v[0] if len(v) == 1 else v[agent]) if isinstance(v, (list, tuple)) else v
+
+        return cls(
+            value("max_completion_length"),
+            args.max_prompt_length,
+            value("temperature"),
+            value("top_p"),
+            value("top_k"),
+            value("min_p"),
+            value("repetition_penalty", 1.0),
+            value("generation_kwargs"),
+        )
+
+    @classmethod
+    def per_agent(cls, args: Any) -> list[SamplingSettings]:
+        """Every agent's settings (`from_config` for agent 0 .. `args.num_agents - 1`)."""
+        return [cls.from_config(args, i) for i in range(args.num_agents)]
 
 
 class GenerationEngine(ABC):

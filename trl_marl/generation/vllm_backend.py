@@ -136,7 +136,9 @@ def validate_vllm_args(args: Any) -> None:
         )
     if args.vllm_model_impl not in ("vllm", "transformers", "auto"):
         raise ValueError(f"vllm_model_impl must be 'vllm', 'transformers' or 'auto', got {args.vllm_model_impl!r}")
-    if args.vllm_max_model_length is not None and args.vllm_max_model_length <= args.max_completion_length:
+    length = args.max_completion_length  # one value, or one per agent
+    longest = max(length) if isinstance(length, (list, tuple)) else length
+    if args.vllm_max_model_length is not None and args.vllm_max_model_length <= longest:
         raise ValueError(
             f"vllm_max_model_length ({args.vllm_max_model_length}) must exceed max_completion_length "
             f"({args.max_completion_length}): it holds the prompt and the completion"
@@ -292,6 +294,9 @@ class VLLMTeamGeneration(GenerationEngine):
         self.num_syncs = 0
         self.generate_seconds = 0.0
         self.gap_seconds = 0.0
+        # every training rollout returns vLLM's sampled log-probs (a trainer's importance-sampling correction needs
+        # them); otherwise only rollouts whose step is logged do (the gap metric)
+        self.keep_sampling_logprobs = False
         _set_distributed_env(accelerator)
         t0 = time.perf_counter()
         if self.lora and not torch.cuda.is_available():
@@ -425,16 +430,25 @@ class VLLMTeamGeneration(GenerationEngine):
             self.sync_weights()
 
     # ------------------------------------------------------------------ generation
-    def _sampling_params(self, n: int, eos_ids: list[int], greedy: bool, logprobs: bool = True):
+    def _sampling_params(self, n: int, eos_ids: list[int], greedy: bool, logprobs: bool = True, agent: int = 0):
+        """vLLM's `SamplingParams` of agent `agent` (its `SamplingSettings`; `generation_kwargs` override, as in TRL)."""
         from vllm import SamplingParams
 
-        args = self.args
+        s = self.transformers.agent_settings(agent)
         common = dict(
-            n=n, max_tokens=args.max_completion_length, stop_token_ids=list(eos_ids), logprobs=0 if logprobs else None
+            n=n, max_tokens=s.max_completion_length, stop_token_ids=list(eos_ids), logprobs=0 if logprobs else None
         )
         if greedy:
             return SamplingParams(temperature=0.0, **common)
-        return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0, **common)
+        extra = {"min_p": s.min_p} if s.min_p is not None else {}
+        extra.update(s.generation_kwargs or {})
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k or 0,
+            repetition_penalty=s.repetition_penalty,
+            **{**common, **extra},
+        )
 
     def _prompt_ids(self, i: int, prompts) -> list[list[int]]:
         """Agent i's prompts as `generate` tokenizes them (no special tokens after a chat template), left-cut to
@@ -461,7 +475,7 @@ class VLLMTeamGeneration(GenerationEngine):
         # (evaluation, a user's) still return them
         training = self.team.training and not greedy
         gap_metric = training and self._logging_rollout()
-        want_logprobs = gap_metric or not training
+        want_logprobs = gap_metric or not training or self.keep_sampling_logprobs
         t0 = time.perf_counter()
         prompt_ids = [self._prompt_ids(i, p) for i, p in enumerate(prompts_per_agent)]
         if self.lora:
@@ -470,7 +484,7 @@ class VLLMTeamGeneration(GenerationEngine):
                 rows += ids
                 requests += [self._lora_requests[i]] * len(ids)
                 owners += [i] * len(ids)
-            params = self._sampling_params(G, self.eos_ids[0], greedy, want_logprobs)
+            params = [self._sampling_params(G, self.eos_ids[0], greedy, want_logprobs, i) for i in owners]
             results = (  # no rows: a process in step with the others (trl_marl.distributed.collective)
                 self.engines[0].generate(
                     [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False, lora_request=requests
@@ -484,7 +498,7 @@ class VLLMTeamGeneration(GenerationEngine):
         else:
             per_agent = []
             for i, ids in enumerate(prompt_ids):
-                params = self._sampling_params(G, self.eos_ids[i], greedy, want_logprobs)
+                params = self._sampling_params(G, self.eos_ids[i], greedy, want_logprobs, i)
                 per_agent.append(
                     self.engines[i].generate([{"prompt_token_ids": r} for r in ids], params, use_tqdm=False)
                     if ids  # no prompts: a process in step with the others (trl_marl.distributed.collective)
@@ -538,9 +552,10 @@ class VLLMTeamGeneration(GenerationEngine):
         from trl_marl.data_types.batches import collate_agent_batch
         from trl_marl.models.team import agent_token_logprobs
 
-        team, temperature = self.team, self.args.temperature
+        team = self.team
         means, maxes = [], []
         for i, out in enumerate(outputs):
+            temperature = team.agent_temperature(i)
             pad_id = self.tokenizers[i].pad_token_id
             if not out.completion_ids or all(c.numel() == 0 for c in out.completion_ids):
                 if self.collective:  # the forward is a collective (ZeRO-3 / FSDP2): take part in it

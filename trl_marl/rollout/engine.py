@@ -253,6 +253,7 @@ class JointRollout:
                     f"generation for agent {i + 1} returned {len(out.texts)} rows, expected {len(nodes) * G}"
                 )
         # samples
+        logps = [out.sampling_logprobs for out in outputs]
         for m, node in enumerate(nodes):
             node.samples = []
             for i in range(n):
@@ -267,6 +268,7 @@ class JointRollout:
                         outputs[i].texts[r],
                         outputs[i].prompt_ids[r],
                         outputs[i].completion_ids[r],
+                        sampling_logprobs=None if logps[i] is None else logps[i][r],
                     )
                     ids.append(len(rollout.samples))
                     rollout.samples.append(s)
@@ -297,10 +299,12 @@ class JointRollout:
         processed, raw = self.reward(comps, task_prompts, batch_items)
         rollout.reward_seconds += time.perf_counter() - t0
         rollout.env_steps += len(task_prompts)
+        components = self.reward.last_components
         start = 0
         for node in nodes:
             J = len(node.joint)
             node.rewards, node.raw_rewards = processed[start : start + J], raw[start : start + J]
+            node.reward_components = {name: v[start : start + J] for name, v in components.items()}
             start += J
         if greedy:
             for m, node in enumerate(nodes):

@@ -3,8 +3,10 @@
 `MultiAgentTrainer` composes the parts every algorithm shares: `building` (the team, its references and parameter
 groups), `trl_marl.generation` (the engine it samples with), `metrics` (`MetricsRecorder`), `evaluation`
 (`TaskEvaluator`), `checkpoints` (team folders, resume state, preemption), `arguments` and `names` (the checks and
-TRL's argument names), `data` (what a training step gets). An algorithm adds its step: `reinforce` (the group
-baselines), `actor_critic/` (critics), `preference/` (pairs, DPO, a learned reward).
+TRL's argument names), `data` (what a training step gets), `per_agent` (settings given once or per agent). An
+algorithm adds its step: `reinforce` (the group baselines; its configs with GRPOConfig's fields in `reinforce_config`,
+TRL's GRPO loss family per agent in `grpo_step`), `actor_critic/` (critics), `preference/` (pairs, DPO, a learned
+reward).
 
 The names below import on first use, as at the package root, so that `trl_marl.trainers.registry` (which the command
 line reads) loads without torch.

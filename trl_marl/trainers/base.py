@@ -52,6 +52,7 @@ from trl_marl.trainers.data import Experience, RolloutSampler, rollout_dataloade
 from trl_marl.trainers.evaluation import TaskEvaluator
 from trl_marl.trainers.metrics import MetricsRecorder, append_trace
 from trl_marl.trainers.names import combine_reward_funcs, merge_model_init_kwargs, resolve_deprecated_kwargs
+from trl_marl.trainers.per_agent import agent_value
 from trl_marl.utils.progress import trainer_shows_progress
 
 __all__ = ["MultiAgentTrainer", "RolloutSampler"]
@@ -210,7 +211,7 @@ class MultiAgentTrainer(_BaseTrainer):
 
         # ---- the parts ----
         self._metrics = MetricsRecorder(self.accelerator, n, self.eos_ids, metrics_callback)
-        self.reference_models = building.reference_models(self) if args.reference_kl_enabled else None
+        self.reference_models = building.reference_models(self) if building.needs_reference(args) else None
         if is_fsdp2(self.accelerator):
             # shard the team before the optimizer is built (trl_marl.distributed.fsdp: per layer, per agent, then the team)
             shard_team(self.model, self.accelerator)
@@ -247,7 +248,7 @@ class MultiAgentTrainer(_BaseTrainer):
         """The engine this trainer samples with, picked once: vLLM's colocated engines with `use_vllm`, else
         transformers' `generate`."""
         args = self.args
-        sampling, threaded = SamplingSettings.from_config(args), args.parallel_training == "mp"
+        sampling, threaded = SamplingSettings.per_agent(args), args.parallel_training == "mp"
         engine = HFGeneration(
             self.accelerator, lambda: self.model_wrapped, self.tokenizers, self.eos_ids, sampling, threaded
         )
@@ -380,7 +381,7 @@ class MultiAgentTrainer(_BaseTrainer):
         """Token ids of a completion given as text (a comparator's, or one re-read from a round file), as agent i
         scores it (`trl_marl.models.loading.completion_token_ids`)."""
         return completion_token_ids(
-            self.tokenizers[i], text, self.eos_ids[i], self.args.max_completion_length, eos_token
+            self.tokenizers[i], text, self.eos_ids[i], agent_value(self.args.max_completion_length, i), eos_token
         )
 
     def completion_eos_token(self, i: int, completion_ids: torch.Tensor) -> str | None:
@@ -425,7 +426,7 @@ class MultiAgentTrainer(_BaseTrainer):
         with self.rng_streams.scoped("rollout", self._rng_round()):
             rollout = self.train_rollout_engine.run(items, self.generation.generate)
         t1 = time.perf_counter()
-        if self.reference_models is not None:
+        if self.args.reference_kl_enabled:
             self._reference_penalties(rollout)
         returns = rollout_returns(rollout, self.args.discount)
         experience = self._experience(rollout, returns)

@@ -23,7 +23,9 @@ from trl_marl.models.team import agent_token_logprobs
 __all__ = [
     "load_team_members",
     "place_agents",
+    "needs_reference",
     "reference_models",
+    "sync_reference_models",
     "set_kl_penalties",
     "agent_learning_rate",
     "agent_param_groups",
@@ -65,6 +67,18 @@ def place_agents(team: nn.Module, devices: Sequence[str]) -> None:
     team.hf_device_map = {f"agents.{i}": d for i, d in enumerate(devices)}
 
 
+def needs_reference(args: Any) -> bool:
+    """Whether a run scores a reference: the reward-side KL (`reference_kl_enabled`) or, with TRL's loss
+    (`uses_trl_loss`, the MAGRPO family), the loss-side `beta > 0` of any agent (MADPO's `beta` is DPO's, another
+    field)."""
+    if args.reference_kl_enabled:
+        return True
+    if not getattr(args, "uses_trl_loss", False):
+        return False
+    beta = args.beta
+    return any(b > 0 for b in (beta if isinstance(beta, (list, tuple)) else [beta]))
+
+
 def reference_models(trainer: Any) -> list[nn.Module]:
     """Frozen copies of each agent's initial weights, for the reference-KL penalty, placed as the trainer's engine
     needs (DeepSpeed: TRL's `prepare_deepspeed`; FSDP2: sharded like the team; else beside the agent or on
@@ -99,7 +113,7 @@ def set_kl_penalties(trainer: Any, rollout: Rollout) -> list[float | None]:
     """Set `sample.penalty = reference_kl_coef * KL_k3(sample)` on every sample of `rollout`: the k3 estimate of the
     KL to agent i's reference, summed over the completion tokens, both policies scored at the sampling temperature
     (as TRL's GRPO), one batched pass per agent. Returns each agent's mean KL (None for an agent with no samples)."""
-    coef, T = trainer.args.reference_kl_coef, trainer.args.temperature
+    coef = trainer.args.reference_kl_coef
     team = trainer.team
     means: list[float | None] = []
     for i in range(trainer.num_agents):
@@ -108,6 +122,7 @@ def set_kl_penalties(trainer: Any, rollout: Rollout) -> list[float | None]:
             means.append(None)
             continue
         batch = trainer.agent_batch(i, samples)
+        T = team.agent_temperature(i)
         logp = agent_token_logprobs(team.agents[i], batch, T)
         ref_logp = agent_token_logprobs(trainer.reference_models[i], batch, T).to(logp.device)
         kl = k3_kl(logp, ref_logp, batch.completion_mask.to(logp.device)).cpu()
@@ -115,6 +130,16 @@ def set_kl_penalties(trainer: Any, rollout: Rollout) -> list[float | None]:
             s.penalty = coef * v
         means.append(kl.mean().item())
     return means
+
+
+@torch.no_grad()
+def sync_reference_models(trainer: Any, alpha: float) -> None:
+    """TR-DPO's reference update for every agent, `ref <- alpha * agent + (1 - alpha) * ref`, with TRL's
+    `SyncRefModelCallback.sync_target_model` (which gathers ZeRO-3 parameters)."""
+    from trl.trainer.callbacks import SyncRefModelCallback
+
+    for agent, ref in zip(trainer.team.agents, trainer.reference_models):
+        SyncRefModelCallback.sync_target_model(agent, ref, alpha)
 
 
 def agent_learning_rate(args: Any, i: int) -> float:

@@ -18,6 +18,7 @@ from trl.trainer.base_config import _BaseConfig  # noqa: E402
 
 from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
+from trl_marl.trainers.per_agent import SAMPLING_FIELDS, agent_value, check_per_agent  # noqa: E402
 from trl_marl.trainers.trl_settings import check_config_kwargs  # noqa: E402
 from trl_marl.utils.deprecation import warn_deprecated  # noqa: E402
 
@@ -256,6 +257,8 @@ class MultiAgentConfig(_BaseConfig):
 
     # False where a training step is not a slice of a rollout (preference trainers: it counts pairs)
     _train_batch_counts_rollout_items = True
+    # whether the sampling fields (`per_agent.SAMPLING_FIELDS`) take one value per agent (the MAGRPO family)
+    _per_agent_settings = False
     # deprecated alias -> TRL's (primary) name; subclasses extend it. After construction both hold the same value.
     _deprecated_aliases = {"max_new_tokens": "max_completion_length"}
 
@@ -351,10 +354,13 @@ class MultiAgentConfig(_BaseConfig):
         need(self.joint_mode in JOINT_MODES, f"joint_mode must be one of {list(JOINT_MODES)}, got {self.joint_mode!r}")
         need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
         need(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
-        need(self.max_completion_length >= 1, f"max_completion_length must be >= 1, got {self.max_completion_length}")
-        need(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
-        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        need(self.top_k is None or self.top_k >= 1, f"top_k must be None or >= 1, got {self.top_k}")
+        check_per_agent(self, SAMPLING_FIELDS, self.num_agents, allowed=self._per_agent_settings)
+        for i in range(self.num_agents):  # one value, or one per agent (trl_marl.trainers.per_agent)
+            temperature, top_p, top_k, length = (agent_value(getattr(self, name), i) for name in SAMPLING_FIELDS)
+            need(length >= 1, f"max_completion_length must be >= 1, got {length}")
+            need(temperature > 0, f"temperature must be > 0, got {temperature}")
+            need(0.0 < top_p <= 1.0, f"top_p must be in (0, 1], got {top_p}")
+            need(top_k is None or top_k >= 1, f"top_k must be None or >= 1, got {top_k}")
         need(self.rollout_buffer_size >= 1, f"rollout_buffer_size must be >= 1, got {self.rollout_buffer_size}")
         tb = self.train_batch_size
         need(tb is None or tb >= 1, f"train_batch_size must be None or >= 1, got {tb}")
