@@ -212,6 +212,7 @@ class PreferenceCollectionMixin:
     """Collect preference pairs from task items with the current agents and the task reward."""
 
     resume_types = (PreferencePair,)
+    supports_agentic = False  # candidates are joint responses to one prompt, compared in pairs (no episodes)
 
     # where the collected candidates' mean task reward is logged. MADPO has no other rollouts, so it reuses the
     # rollout keys; MARLHF's RL rollouts log their LEARNED reward there, so it uses a key of its own (the Trainer
