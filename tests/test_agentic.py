@@ -14,70 +14,10 @@ import time
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from conftest import CALL, END, Scripted, agentic_args, tool_tokenizer
 
 from trl_marl import MAACConfig, MAACTrainer, MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
-from trl_marl.data_types.rollout import GenerationOutput
-from trl_marl.environments import SignalGame, signal_game_dataset, use_compact_tool_template
-from trl_marl.generation.engine import prompt_token_ids
-
-CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call><|im_end|>'
-END = "<|im_end|>"
-
-
-def tool_tokenizer(path):
-    """The tiny tokenizer made ready for tool calls: the compact ChatML template, `<|im_end|>` ending a turn."""
-    tok = AutoTokenizer.from_pretrained(path)
-    use_compact_tool_template(tok)
-    tok.eos_token = END
-    return tok
-
-
-def config(tmp_path, cls=MAGRPOConfig, **overrides):
-    defaults = dict(
-        output_dir=str(tmp_path / "out"),
-        num_agents=2,
-        num_generations=2,
-        max_completion_length=128,
-        rollout_buffer_size=2,
-        learning_rate=1e-3,
-        max_steps=1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-        turn_order="sequential",
-    )
-    defaults.update(overrides)
-    return cls(**defaults)
-
-
-class Scripted:
-    """Replaces a trainer's generation: `policy(agent, prompt_text, continued) -> completion text` (continued: the
-    prompt is a turn resumed after a tool result). Records every call as (agent, number of prompts)."""
-
-    def __init__(self, trainer, policy):
-        self.trainer, self.policy, self.calls = trainer, policy, []
-        trainer.generation.generate = self
-
-    def __call__(self, prompts_per_agent, num_generations, greedy=False):
-        outs = []
-        for i, prompts in enumerate(prompts_per_agent):
-            out = GenerationOutput([], [], [])
-            if prompts:
-                tok = self.trainer.tokenizers[i]
-                self.calls.append((i, len(prompts)))
-                for p, ids in zip(prompts, prompt_token_ids(tok, prompts, None)):
-                    text = tok.decode(ids)
-                    for _ in range(num_generations):
-                        completion = self.policy(i, text, p.token_ids is not None)
-                        cids = tok(completion, add_special_tokens=False)["input_ids"]
-                        out.texts.append(tok.decode(cids, skip_special_tokens=True))
-                        out.prompt_ids.append(torch.tensor(ids))
-                        out.completion_ids.append(torch.tensor(cids))
-            outs.append(out)
-        return outs
+from trl_marl.environments import SignalGame, signal_game_dataset
 
 
 def signal_policy(counter=None):
@@ -123,7 +63,7 @@ def signal_trainer(tiny_path, tok, tmp_path, env=Confirm, **overrides):
     data = signal_game_dataset(8, secrets=("blue", "cat", "red"))
     return MAGRPOTrainer(
         model=tiny_path,
-        args=config(tmp_path, **overrides),
+        args=agentic_args(tmp_path, **overrides),
         train_dataset=data,
         processing_class=tok,
         environment_factory=env,
@@ -236,7 +176,7 @@ class Counter:
 def test_multi_turn_tree_forks_the_environment_and_rewards_the_end(tiny_path, tok, tmp_path):
     trainer = MAGRPOTrainer(
         model=tiny_path,
-        args=config(tmp_path, num_turns=2, max_tool_calling_iterations=1, rollout_buffer_size=1),
+        args=agentic_args(tmp_path, num_turns=2, max_tool_calling_iterations=1, rollout_buffer_size=1),
         train_dataset=[{"prompt": "Count.", "start": 10}] * 2,
         processing_class=tok,
         environment_factory=Counter,
@@ -305,7 +245,9 @@ def test_standalone_tools_per_agent_failures_and_timeouts(tiny_path, tok, tmp_pa
     trainer = MAGRPOTrainer(
         model=tiny_path,
         reward_funcs=reward,
-        args=config(tmp_path, turn_order="simultaneous", max_tool_calling_iterations=1, max_completion_length=256),
+        args=agentic_args(
+            tmp_path, turn_order="simultaneous", max_tool_calling_iterations=1, max_completion_length=256
+        ),
         train_dataset=[{"prompt": "Weather?"}] * 2,
         processing_class=tok,
         tools=[[lookup, make_tool(slow, timeout=0.2)], []],
@@ -376,7 +318,7 @@ def test_bad_arguments_fail_at_construction(tiny_path, tok, tmp_path, kwargs, er
         trainer_cls(
             model=tiny_path,
             reward_funcs=(lambda a, b: [0.0] * len(a)) if reward else None,
-            args=config(tmp_path, cls=cfg_cls, **kwargs),
+            args=agentic_args(tmp_path, cls=cfg_cls, **kwargs),
             train_dataset=dataset,
             processing_class=tok,
             tools=tools,
@@ -396,7 +338,7 @@ def test_bad_arguments_fail_at_construction(tiny_path, tok, tmp_path, kwargs, er
 def test_environment_contract_errors_name_the_method(tiny_path, tok, tmp_path, env, item, pattern):
     trainer = MAGRPOTrainer(
         model=tiny_path,
-        args=config(tmp_path, num_generations=2),
+        args=agentic_args(tmp_path, num_generations=2),
         train_dataset=[{"prompt": "x", "environment": "c"}] * 2,
         processing_class=tok,
         environment_factory=env,
@@ -418,7 +360,7 @@ def test_routing_by_environment_column_and_no_dataset(tiny_path, tok, tmp_path):
 
     trainer = MAGRPOTrainer(
         model=tiny_path,
-        args=config(tmp_path),
+        args=agentic_args(tmp_path),
         train_dataset=[{"prompt": "x", "environment": "t", "start": 1}, {"prompt": "y", "environment": "c"}],
         processing_class=tok,
         environment_factory={"t": Tagged, "c": Counter},
@@ -429,7 +371,7 @@ def test_routing_by_environment_column_and_no_dataset(tiny_path, tok, tmp_path):
     assert [n.rewards[0].tolist() for n in rollout.nodes] == [[1.0, 0.0], [0.0, 0.0]]
 
     trainer = MAGRPOTrainer(
-        model=tiny_path, args=config(tmp_path, max_steps=2), processing_class=tok, environment_factory=SignalGame
+        model=tiny_path, args=agentic_args(tmp_path, max_steps=2), processing_class=tok, environment_factory=SignalGame
     )
     assert len(trainer.train_dataset) == 2 and trainer.train_dataset[0] == {"prompt": ""}
     with pytest.raises(ValueError, match="needs a `secret` or a `seed`"):  # SignalGame needs its items
@@ -441,7 +383,7 @@ def test_actor_critic_team_rolls_out_episodes(tiny_path, tok, tmp_path):
     trainer = MAACTrainer(
         model=tiny_path,
         critic_model=tiny_path,
-        args=config(tmp_path, cls=MAACConfig, num_generations=1, max_completion_length=8),
+        args=agentic_args(tmp_path, cls=MAACConfig, num_generations=1, max_completion_length=8),
         train_dataset=signal_game_dataset(4),
         processing_class=tok,
         environment_factory=SignalGame,
@@ -455,7 +397,7 @@ def test_per_player_rewards_of_a_competitive_game(tiny_path, tok, tmp_path):
     """MAGRPO takes an environment's per-agent reward (competitive games): each agent's advantage is its own."""
     trainer = MAGRPOTrainer(
         model=tiny_path,
-        args=config(tmp_path, rollout_buffer_size=1),
+        args=agentic_args(tmp_path, rollout_buffer_size=1),
         train_dataset=[{"prompt": "x", "start": 0}] * 2,
         processing_class=tok,
         environment_factory=Counter,
@@ -471,3 +413,14 @@ def test_per_player_rewards_of_a_competitive_game(tiny_path, tok, tmp_path):
     (inputs,) = trainer._rollout_step([{"prompt": "x", "start": 0}])
     assert inputs["rollout"].nodes[0].rewards.tolist() == [[1.0, 0.0], [3.0, 0.0]]
     assert inputs["advantages"][0].tolist() != [[0.0, 0.0]] and inputs["advantages"][1].tolist() == [[0.0, 0.0]]
+
+
+def test_truncation_reads_the_last_generated_token_of_a_masked_turn():
+    """TRL's truncation test (`mask_truncated_completions`) on an agentic row: the last generated token ends it,
+    not the token at `mask.sum() - 1` (a tool-result token when the mask has holes). Fails on the old code."""
+    from trl_marl.algorithms.grpo import truncated_completions
+
+    eos, pad = 9, 0
+    ids = torch.tensor([[5, 6, 7, 7, 8, 9], [5, 6, 7, 7, 8, 4], [5, 9, 0, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0]])
+    assert truncated_completions(ids, mask, eos, pad).tolist() == [False, True, False]

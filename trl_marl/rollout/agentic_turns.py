@@ -113,9 +113,8 @@ class TurnPlayer:
                 "support tool calling (TRL's supports_tool_calling); give it a tool-capable template, e.g. "
                 "trl_marl.environments.use_compact_tool_template(tokenizer), passed as processing_class"
             )
-        text = PromptText(
-            render_prompt(self.tokenizers[agent], branch.prompt(agent), tools, self.chat_templates[agent])
-        )
+        messages = branch.prompt(agent) or [{"role": "user", "content": ""}]  # nothing yet (a game's first state)
+        text = PromptText(render_prompt(self.tokenizers[agent], messages, tools, self.chat_templates[agent]))
         text.chat = True
         return text
 
