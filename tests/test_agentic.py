@@ -370,12 +370,24 @@ def test_routing_by_environment_column_and_no_dataset(tiny_path, tok, tmp_path):
     assert seen == [["prompt", "start"]]  # the `environment` column is not passed to reset
     assert [n.rewards[0].tolist() for n in rollout.nodes] == [[1.0, 0.0], [0.0, 0.0]]
 
+    class OwnTasks(SignalGame):
+        """Draws its own secrets: no dataset."""
+
+        episodes = 0
+
+        def reset(self, **item):
+            assert item == {"prompt": ""}  # the placeholder item
+            OwnTasks.episodes += 1
+            return super().reset(seed=OwnTasks.episodes)
+
     trainer = MAGRPOTrainer(
-        model=tiny_path, args=agentic_args(tmp_path, max_steps=2), processing_class=tok, environment_factory=SignalGame
+        model=tiny_path, args=agentic_args(tmp_path, max_steps=2), processing_class=tok, environment_factory=OwnTasks
     )
     assert len(trainer.train_dataset) == 2 and trainer.train_dataset[0] == {"prompt": ""}
-    with pytest.raises(ValueError, match="needs a `secret` or a `seed`"):  # SignalGame needs its items
-        trainer.train()
+    Scripted(trainer, signal_policy())
+    trainer.train()
+    assert trainer.state.global_step == 2 and OwnTasks.episodes == 4  # 2 items per step, reset once per item
+    assert trainer.state.log_history[0]["rewards/OwnTasks/mean"] == 1.0
 
 
 def test_actor_critic_team_rolls_out_episodes(tiny_path, tok, tmp_path):
