@@ -83,23 +83,24 @@ def test_resume_at_a_step_boundary_is_exact(tiny_path, tmp_path):
 # ------------------------------------------------------------------------------------------------------- slow
 
 
-def signal_curve(seed: int, tiny_path: str, out: str, steps: int = 120) -> list[float]:
+def signal_curve(seed: int, tiny_path: str, out: str, steps: int = 100, **overrides) -> list[float]:
     """The per-step mean reward of MAGRPO on the signalling game (tiny random Llamas, compact tool template)."""
     from trl_marl.testing import tiny_model_path
 
     model = tiny_model_path(seed=seed)
+    settings = dict(
+        num_generations=4,
+        rollout_buffer_size=8,
+        max_completion_length=8,
+        max_tool_calling_iterations=1,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        max_steps=steps,
+        seed=seed,
+    )
     trainer = MAGRPOTrainer(
         model=model,
-        args=agentic_args(
-            Path(out),
-            num_generations=4,
-            rollout_buffer_size=8,
-            max_completion_length=8,
-            max_tool_calling_iterations=1,
-            learning_rate=1e-3,
-            max_steps=steps,
-            seed=seed,
-        ),
+        args=agentic_args(Path(out), **{**settings, **overrides}),
         train_dataset=signal_game_dataset(64, seed=seed),
         processing_class=tool_tokenizer(model),
         environment_factory=SignalGame,
@@ -186,3 +187,19 @@ def test_colocated_vllm_engine_plays_episodes(tiny_path, tmp_path, monkeypatch):
     assert "agent_2/tools/calls" in logs and math.isfinite(logs["reward"])
     gap = logs.get("sampling/sampling_logp_difference/mean")
     assert gap is not None and gap < 1e-2
+
+
+def test_agentic_command_trains_on_the_signalling_game(tmp_path, capsys):
+    """`trl-marl agentic`: the tiny model on the built-in game, through the registry's MAGRPO family."""
+    from trl_marl.cli.recipes import RECIPES, make_parser, run_command
+
+    assert RECIPES["agentic"].trainer_class() is MAGRPOTrainer
+    assert "--environment" in make_parser("agentic").format_help()
+    argv = ["--output_dir", str(tmp_path), "--max_steps", "1", "--num_generations", "2", "--rollout_buffer_size", "2"]
+    trainer = run_command("agentic", argv + ["--eval_num_samples", "2", "--num_items", "4", "--baseline", "loo"])
+    out = capsys.readouterr().out
+    assert "environment=signal eval reward after training" in out and (tmp_path / "agent_2").is_dir()
+    assert type(trainer).__name__ == "MARLOOTrainer" and trainer.args.turn_order == "sequential"
+    assert isinstance(trainer.rollout_engine.registry.specs[None].cls, type)
+    with pytest.raises(ValueError, match="expected 'signal', 'textarena:GAME'"):
+        run_command("agentic", argv + ["--environment", "chess"])
