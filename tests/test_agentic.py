@@ -16,7 +16,18 @@ import pytest
 import torch
 from conftest import CALL, END, Scripted, agentic_args, tool_tokenizer
 
-from trl_marl import MAACConfig, MAACTrainer, MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
+from trl_marl import (
+    CentralizedMAGRPOTrainer,
+    MAACConfig,
+    MAACTrainer,
+    MADPOConfig,
+    MADPOTrainer,
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MAReMaxTrainer,
+    MARLHFConfig,
+    MARLHFTrainer,
+)
 from trl_marl.environments import SignalGame, signal_game_dataset
 
 
@@ -294,6 +305,13 @@ class Other(Counter):
     "kwargs, error, pattern",
     [
         (dict(trainer=MADPOTrainer, tools=[lookup]), ValueError, r"MADPOTrainer does not support tools"),
+        (dict(trainer=MARLHFTrainer, env=Counter), ValueError, r"MARLHFTrainer does not support tools"),
+        (
+            dict(trainer=CentralizedMAGRPOTrainer, turn_order="sequential"),
+            ValueError,
+            r"CentralizedMAGRPOTrainer does",
+        ),
+        (dict(trainer=MAReMaxTrainer, remax_baseline="greedy"), ValueError, r"take remax_baseline='greedy'"),
         (dict(joint_mode="cross", tools=[lookup]), ValueError, r"does not take joint_mode='cross'"),
         (dict(external_transition=lambda **k: ["a", "b"]), ValueError, r"does not take external_transition"),
         (dict(early_termination_threshold=0.5), ValueError, r"does not take early_termination_threshold"),
@@ -313,7 +331,7 @@ def test_bad_arguments_fail_at_construction(tiny_path, tok, tmp_path, kwargs, er
     reward = kwargs.pop("reward", True)
     dataset = kwargs.pop("dataset", [{"prompt": "x"}] * 2)
     transition = kwargs.pop("external_transition", None)
-    cfg_cls = MADPOConfig if trainer_cls is MADPOTrainer else MAGRPOConfig
+    cfg_cls = {MADPOTrainer: MADPOConfig, MARLHFTrainer: MARLHFConfig}.get(trainer_cls, MAGRPOConfig)
     with pytest.raises(error, match=pattern):
         trainer_cls(
             model=tiny_path,
@@ -436,3 +454,21 @@ def test_truncation_reads_the_last_generated_token_of_a_masked_turn():
     ids = torch.tensor([[5, 6, 7, 7, 8, 9], [5, 6, 7, 7, 8, 4], [5, 9, 0, 0, 0, 0]])
     mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0]])
     assert truncated_completions(ids, mask, eos, pad).tolist() == [False, True, False]
+
+
+def test_engines_generate_from_token_ids_and_skip_agents_given_none(tiny_path, tok, tmp_path):
+    """`PromptText.of_ids`: generation starts from those exact ids (never the text re-tokenized), in the HF engine's
+    per-agent and shared-base (one mixed-adapter call) paths; an agent given None takes no part."""
+    from peft import LoraConfig
+
+    from trl_marl.data_types.text import PromptText
+
+    ids = tok("Agent 1: The secret is blue.", add_special_tokens=False)["input_ids"]
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    for kwargs in ({}, {"peft_config": lora, "args": agentic_args(tmp_path, share_base_model=True)}):
+        trainer = signal_trainer(tiny_path, tok, tmp_path) if not kwargs else MAGRPOTrainer(
+            model=tiny_path, train_dataset=signal_game_dataset(4), processing_class=tok,
+            environment_factory=SignalGame, **kwargs,
+        )  # fmt: skip
+        out = trainer.generation.generate([None, [PromptText.of_ids("not these words", ids)]], 2)
+        assert out[0].completion_ids == [] and [p.tolist() for p in out[1].prompt_ids] == [ids, ids]

@@ -154,23 +154,31 @@ print("RESULT", json.dumps(info), flush=True)
 
 
 @pytest.mark.slow
-def test_two_process_zero3_keeps_collective_generation_in_step(tiny_path, tmp_path):
-    """Two processes under ZeRO-3 (generation is a collective): rank 0's episodes end after one message, rank 1's
-    run two turns. Both make the same `generate` calls (rank 0 with no prompts where it has nothing left); a rank
-    that skipped one would hang the other until the timeout."""
-    pytest.importorskip("deepspeed")
+@pytest.mark.parametrize("engine", ["zero3_cpu", "multi_cpu"])
+def test_two_processes_with_uneven_episodes(tiny_path, tmp_path, engine):
+    """Two processes, rank 0's episodes ending after one message and rank 1's running two turns. Under ZeRO-3
+    generation is a collective: both ranks make the same `generate` calls (rank 0 with no prompts where it has
+    nothing left; a rank that skipped one would hang the other until the timeout). Under DDP each rank generates on
+    its own: rank 0 makes fewer calls."""
+    if engine.startswith("zero3"):
+        pytest.importorskip("deepspeed")
     from conftest import accelerate_launch
 
     script = tmp_path / "run.py"
     script.write_text(ZERO3_SCRIPT.format(tests=str(ROOT / "tests"), tiny=tiny_path, out=str(tmp_path / "out")))
-    proc = accelerate_launch(ROOT / "accelerate_configs" / "zero3_cpu.yaml", script, timeout=900)
+    proc = accelerate_launch(ROOT / "accelerate_configs" / f"{engine}.yaml", script, timeout=900)
     results = sorted(
         (json.loads(line.split("RESULT", 1)[1]) for line in proc.stdout.splitlines() if "RESULT" in line),
         key=lambda r: r["rank"],
     )
-    assert [r["rank"] for r in results] == [0, 1] and all(r["steps"] == 2 and r["collective"] for r in results)
-    assert results[0]["calls"] == results[1]["calls"]  # in step
+    collective = engine.startswith("zero3")
+    assert [r["rank"] for r in results] == [0, 1] and all(r["steps"] == 2 for r in results)
+    assert all(r["collective"] == collective for r in results)
     assert results[0]["rows"] < results[1]["rows"]  # rank 0 had less to generate
+    if collective:
+        assert results[0]["calls"] == results[1]["calls"]  # in step
+    else:
+        assert results[0]["calls"] < results[1]["calls"]
 
 
 @pytest.mark.vllm
@@ -178,15 +186,26 @@ def test_colocated_vllm_engine_plays_episodes(tiny_path, tmp_path, monkeypatch):
     """The signalling game sampled by vLLM's colocated engines (CPU build): token prompts after tool results,
     sampled log-probs close to the trainer's (TRL's sampling_logp_difference)."""
     pytest.importorskip("vllm")
+    from trl_marl.testing import tiny_model_path
+
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    vllm_path = tiny_model_path(hidden_size=128, num_attention_heads=2, num_key_value_heads=2)  # head_dim >= 32
     trainer = signal_trainer(
-        tiny_path, tmp_path, use_vllm=True, vllm_max_model_length=1024, max_completion_length=24, max_steps=2
+        vllm_path, tmp_path, use_vllm=True, vllm_max_model_length=1024, max_completion_length=24, max_steps=2
     )
     trainer.train()
     logs = trainer.state.log_history[0]
     assert "agent_2/tools/calls" in logs and math.isfinite(logs["reward"])
     gap = logs.get("sampling/sampling_logp_difference/mean")
     assert gap is not None and gap < 1e-2
+    # a turn resumed after a tool result goes to vLLM as its exact ids (its text is not re-tokenized); an agent
+    # given None takes no part
+    from trl_marl.data_types.text import PromptText
+
+    ids = trainer.tokenizers[0]("Agent 1: The secret is blue.", add_special_tokens=False)["input_ids"]
+    out = trainer.generation.generate([[PromptText.of_ids("not these words", ids)], None], 2)
+    assert [p.tolist() for p in out[0].prompt_ids] == [ids, ids] and len(out[0].completion_ids) == 2
+    assert out[1].completion_ids == []
 
 
 def test_agentic_command_trains_on_the_signalling_game(tmp_path, capsys):
