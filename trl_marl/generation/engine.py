@@ -52,8 +52,9 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[PromptText], max_prompt_l
     `max_prompt_length`."""
     if not prompts:
         return []
-    text_rows = [i for i, p in enumerate(prompts) if getattr(p, "token_ids", None) is None]
-    rows: list[list[int]] = [list(p.token_ids) if p.token_ids is not None else [] for p in prompts]
+    given = [getattr(p, "token_ids", None) for p in prompts]  # plain strings are prompts too
+    text_rows = [i for i, ids in enumerate(given) if ids is None]
+    rows: list[list[int]] = [list(ids) if ids is not None else [] for ids in given]
     if text_rows:
         chat = getattr(prompts[text_rows[0]], "chat", False)
         encoded = tokenizer([str(prompts[i]) for i in text_rows], add_special_tokens=not chat)["input_ids"]
