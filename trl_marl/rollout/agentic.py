@@ -39,7 +39,8 @@ from trl_marl.generation.engine import prompt_token_ids
 from trl_marl.models.loading import default_eos_token_id
 from trl_marl.rewards.sources import EnvironmentReward, RewardSources
 from trl_marl.rollout.agentic_turns import AgentTurn, GenerateFn, TurnPlayer
-from trl_marl.rollout.prompts import formatter_failure
+from trl_marl.rollout.engine import JointRollout
+from trl_marl.rollout.prompts import format_item
 
 __all__ = ["AgenticRollout"]
 
@@ -137,7 +138,7 @@ class AgenticRollout:
 
     def _start(self, item: dict, taken: list) -> Branch:
         """The episode of `item`: each agent's formatted prompt, the item's environment reset with it."""
-        prompts = [self._format(i, item) for i in range(self.num_agents)]
+        prompts = [format_item(self.formatters, i, item) for i in range(self.num_agents)]
         env = spec = None
         kwargs = dict(item)
         if self.registry is not None:
@@ -145,16 +146,6 @@ class AgenticRollout:
             env, spec = self.registry.acquire(name), self.registry.specs[name]
             taken.append((name, env))
         return Branch.start(self.episode, prompts, env, spec, kwargs, self.tools, self.player.executor)
-
-    def _format(self, i: int, item: dict) -> Any:
-        try:
-            return self.formatters[i](item)
-        except Exception as exc:
-            try:
-                named = type(exc)(formatter_failure(i, self.formatters[i], item, exc))
-            except Exception:  # an exception type that needs other arguments: keep the original
-                raise exc from None
-            raise named from exc
 
     def _node(self, rollout: Rollout, item: int, parent: tuple[Node, int, list[str]] | None, state: Branch) -> Node:
         """A node for `state` (its prompts rendered for every agent), appended to the tree."""
@@ -227,11 +218,11 @@ class AgenticRollout:
         t0 = time.perf_counter()
         for (node, _), group in zip(frontier, groups):
             item = rollout.items[node.item]
-            task = item.get("prompt") if isinstance(item, dict) else None
+            task = JointRollout.task_prompt(item, node.prompts)
             for b in group:
                 for i, message in enumerate(self._messages(b, turns)):
                     texts[i].append(message)
-                prompts.append(task if isinstance(task, str) else node.prompts[0])
+                prompts.append(task)
                 items.append(item)
                 env.append(self._environment_reward(b))
         if not env:
