@@ -77,6 +77,7 @@ def _fingerprint(*folders: Path) -> dict[str, str]:
 
 
 SMALLEST = {
+    "agentic.py": ["--prompts", "1", "--repeats", "1", "--max_completion_length", "4"],
     "throughput.py": ["--steps", "1", "--warmup", "0", "--repeats", "1", "--batched_prompts", "2"],
     "grid.py": [
         *("--only", "trainers", "--trainers", "MAPPO"),  # with R (MAGRPO): MAPPO's step 1 timed no generation

@@ -124,7 +124,7 @@ def test_every_command_parses_its_config(tmp_path):
             script_args_cls=recipe.script_args,
             tiny_defaults=recipe.tiny_defaults,
         )
-        assert type(config) is get_algorithm(name).config_class, name
+        assert type(config) is get_algorithm(recipe.algorithm_name).config_class, name
     _, config = parse_recipe_args(RECIPES["madpo-iter"].config_class(), argv=["--output_dir", str(tmp_path)],
                                   tiny_defaults=RECIPES["madpo-iter"].tiny_defaults)  # fmt: skip
     assert config.num_rounds == 2

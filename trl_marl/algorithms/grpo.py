@@ -349,15 +349,17 @@ def truncated_completions(
 ) -> torch.Tensor:
     """`(B,)` bool: a completion is truncated when its LAST generated token (the last position with mask 1) is
     neither an EOS token nor the pad token (TRL: `ids[-1] not in [*eos_token_ids, pad_token_id]`). An empty
-    completion counts as not truncated."""
+    completion counts as not truncated. The mask may have holes (tool-result tokens of an agentic turn, 0 between
+    generated tokens): the last 1 is what counts."""
     stop = torch.as_tensor(
         [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids), device=completion_ids.device
     )
     stop = torch.cat([stop, torch.as_tensor([pad_token_id], device=completion_ids.device)])
-    m = completion_mask.to(torch.long)
-    length = m.sum(dim=1)
-    last = completion_ids.gather(1, (length - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    return (length > 0) & ~torch.isin(last, stop)
+    m = completion_mask.bool()
+    positions = torch.arange(m.shape[1], device=m.device).expand_as(m)
+    last_index = torch.where(m, positions, torch.full_like(positions, -1)).max(dim=1).values
+    last = completion_ids.gather(1, last_index.clamp(min=0).unsqueeze(1)).squeeze(1)
+    return (last_index >= 0) & ~torch.isin(last, stop)
 
 
 def mask_truncated_completions(completion_mask: torch.Tensor, is_truncated: torch.Tensor) -> torch.Tensor:

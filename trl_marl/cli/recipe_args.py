@@ -27,6 +27,7 @@ __all__ = [
     "parse_recipe_args",
     "resume_argument",
     "run_recipe",
+    "train_and_save",
     "explicit_flags",
     "import_object",
     "load_recipe_dataset",
@@ -460,10 +461,17 @@ def run_recipe(
     if extra_trainer_kwargs is not None:
         kwargs.update(extra_trainer_kwargs(recipe_args))
     trainer = trainer_cls(**kwargs)
-    main = trainer.accelerator.is_main_process
     label = f"task={data_name}" if data_name else f"dataset={recipe_args.dataset_name}"
+    return train_and_save(trainer, config, label, test is not None, recipe_args.dataset_name)
+
+
+def train_and_save(trainer: Any, config: Any, label: str, evaluate: bool, dataset_name: str | None = None) -> Any:
+    """What every recipe does with its trainer: the evaluation reward before (unless resuming) and after training
+    (with an eval dataset), training (resuming from `config.resume_from_checkpoint`), saving the team to
+    `output_dir` and pushing it with `push_to_hub`. Exits with status 1 when no training step was taken."""
+    main = trainer.accelerator.is_main_process
     resume = resume_argument(config.resume_from_checkpoint)
-    before = trainer.evaluate_reward()["eval_reward"] if test is not None and not resume else None
+    before = trainer.evaluate_reward()["eval_reward"] if evaluate and not resume else None
     if main and before is not None:
         print(f"[trl_marl] {label} eval reward before training: {before:.4f}")
     out = trainer.train(resume_from_checkpoint=resume)
@@ -477,7 +485,7 @@ def run_recipe(
         _end_processes(trainer)
         raise SystemExit(1)
     after = (out.metrics or {}).get("eval_reward") if out is not None else None
-    if after is None and test is not None:  # trainers that do not evaluate at the end of train()
+    if after is None and evaluate:  # trainers that do not evaluate at the end of train()
         after = trainer.evaluate_reward()["eval_reward"]
     if main and after is not None:
         since = f" (before: {before:.4f})" if before is not None else ""
@@ -491,7 +499,7 @@ def run_recipe(
         print(f"[trl_marl] saved {what} and team.json to {config.output_dir}")
     if config.push_to_hub:
         # a Hub dataset only when the data came from one (a built-in task is no Hub dataset: the card names none)
-        trainer.push_to_hub(dataset_name=recipe_args.dataset_name)
+        trainer.push_to_hub(dataset_name=dataset_name)
     trainer.before_reward, trainer.after_reward = before, after
     _end_processes(trainer)
     return trainer

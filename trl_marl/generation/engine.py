@@ -20,7 +20,7 @@ from torch import nn
 from trl_marl.data_types.rollout import GenerationOutput
 from trl_marl.data_types.text import PromptText
 
-__all__ = ["GenerationEngine", "SamplingSettings"]
+__all__ = ["GenerationEngine", "SamplingSettings", "prompt_token_ids"]
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,32 @@ class SamplingSettings:
         return [cls.from_config(args, i) for i in range(args.num_agents)]
 
 
+def prompt_token_ids(tokenizer: Any, prompts: Sequence[PromptText], max_prompt_length: int | None) -> list[list[int]]:
+    """The token ids an engine generates from: a prompt's own `token_ids` when it carries them
+    (`PromptText.of_ids`), else the tokenized text (no special tokens after a chat template), left-cut to
+    `max_prompt_length`."""
+    if not prompts:
+        return []
+    given = [getattr(p, "token_ids", None) for p in prompts]  # plain strings are prompts too
+    text_rows = [i for i, ids in enumerate(given) if ids is None]
+    rows: list[list[int]] = [list(ids) if ids is not None else [] for ids in given]
+    if text_rows:
+        chat = getattr(prompts[text_rows[0]], "chat", False)
+        encoded = tokenizer([str(prompts[i]) for i in text_rows], add_special_tokens=not chat)["input_ids"]
+        for i, ids in zip(text_rows, encoded):
+            rows[i] = list(ids)
+    return [r[-max_prompt_length:] if max_prompt_length is not None else r for r in rows]
+
+
 class GenerationEngine(ABC):
     """Samples completions for a team of agents.
 
     Rows are prompt-major: for agent i, the `G` samples of prompt p are rows `p*G .. p*G+G-1` of its
-    `GenerationOutput`. An agent with no prompts gets an empty output. When generating is a collective (`collective`:
-    ZeRO-3 or FSDP2 with several processes) every process must call the engine the same number of times, in the same
-    order, even with no prompts (`trl_marl.distributed.collective`).
+    `GenerationOutput`. An agent with no prompts gets an empty output; an agent whose entry is None takes no part in
+    the call on ANY process (an agentic turn generates for one agent position at a time). When generating is a
+    collective (`collective`: ZeRO-3 or FSDP2 with several processes) every process must call the engine the same
+    number of times, in the same order, even with no prompts (`trl_marl.distributed.collective`), and give None for
+    the same agents.
     """
 
     @property
@@ -89,7 +108,7 @@ class GenerationEngine(ABC):
 
     @abstractmethod
     def generate(
-        self, prompts_per_agent: Sequence[Sequence[PromptText]], num_generations: int, greedy: bool = False
+        self, prompts_per_agent: Sequence[Sequence[PromptText] | None], num_generations: int, greedy: bool = False
     ) -> list[GenerationOutput]:
         """`num_generations` samples per prompt from each of the team's agents (with `greedy`, greedy decodes)."""
 

@@ -25,7 +25,7 @@ from trl_marl.distributed.collective import is_sharded
 from trl_marl.distributed.fsdp import gathered_for_generation, is_fsdp2
 from trl_marl.distributed.zero3 import gathered as zero3_gathered
 from trl_marl.distributed.zero3 import hooks_removed, is_zero3
-from trl_marl.generation.engine import GenerationEngine, SamplingSettings
+from trl_marl.generation.engine import GenerationEngine, SamplingSettings, prompt_token_ids
 from trl_marl.models.adapters import mixed_adapter_generate
 from trl_marl.models.loading import eos_token_ids
 
@@ -126,6 +126,8 @@ class HFGeneration(GenerationEngine):
         synced = [self.collective and is_sharded(m) for m in models]
 
         def run(i: int) -> torch.Tensor:
+            if prompts_per_agent[i] is None:  # takes no part in this call, on any process
+                return torch.zeros(0, 0, dtype=torch.long)
             with self._gathered(models[i]):  # this agent only, for the whole generate call
                 if len(prompts_per_agent[i]):
                     return _generate(models[i], *encoded[i], configs[i], synced[i])
@@ -184,6 +186,8 @@ class HFGeneration(GenerationEngine):
             else:
                 same.append(i)
         for agents in groups:  # the same groups on every process: each call is a collective when sharded
+            if all(prompts_per_agent[i] is None for i in agents):  # none of them takes part, on any process
+                continue
             self._generate_shared_group(team, prompts_per_agent, G, greedy, agents, per_agent)
         return per_agent
 
@@ -202,13 +206,7 @@ class HFGeneration(GenerationEngine):
         cut = self.sampling.max_prompt_length
         rows, owners = [], []
         for i in agents:
-            prompts = prompts_per_agent[i]
-            if not prompts:
-                continue
-            chat = getattr(prompts[0], "chat", False)
-            for ids in self.tokenizers[i](list(prompts), add_special_tokens=not chat)["input_ids"]:
-                if cut is not None:
-                    ids = ids[-cut:]
+            for ids in prompt_token_ids(self.tokenizers[i], prompts_per_agent[i] or [], cut):
                 rows += [torch.tensor(ids, dtype=torch.long)] * G
                 owners += [i] * G
         base = team.shared
@@ -256,18 +254,18 @@ class HFGeneration(GenerationEngine):
             return zero3_gathered(model)
         return nullcontext()
 
-    def _encode(self, tokenizer: Any, prompts: Sequence[PromptText]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids and mask (no special tokens after a chat template), cut to `max_prompt_length`."""
-        if not prompts:
+    def _encode(self, tokenizer: Any, prompts: Sequence[PromptText] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and mask (`prompt_token_ids`: a prompt's own ids, else its tokens)."""
+        rows = prompt_token_ids(tokenizer, prompts or [], self.sampling.max_prompt_length)
+        if not rows:
             return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long)
-        chat = getattr(prompts[0], "chat", False)
-        enc = tokenizer(
-            list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=not chat
-        )
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        cut = self.sampling.max_prompt_length
-        if cut is not None and ids.shape[1] > cut:
-            ids, mask = ids[:, -cut:], mask[:, -cut:]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            if row:
+                ids[r, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+                mask[r, width - len(row) :] = 1
         return ids, mask
 
 

@@ -42,7 +42,7 @@ from torch import nn
 
 from trl_marl.data_types.rollout import GenerationOutput
 from trl_marl.data_types.text import PromptText
-from trl_marl.generation.engine import GenerationEngine
+from trl_marl.generation.engine import GenerationEngine, prompt_token_ids
 
 if TYPE_CHECKING:
     from trl_marl.generation.hf import HFGeneration
@@ -451,15 +451,8 @@ class VLLMTeamGeneration(GenerationEngine):
         )
 
     def _prompt_ids(self, i: int, prompts) -> list[list[int]]:
-        """Agent i's prompts as `generate` tokenizes them (no special tokens after a chat template), left-cut to
-        `max_prompt_length`."""
-        if not prompts:
-            return []
-        tok = self.tokenizers[i]
-        chat = bool(prompts) and getattr(prompts[0], "chat", False)
-        rows = tok(list(prompts), add_special_tokens=not chat)["input_ids"]
-        cut = self.args.max_prompt_length
-        return [r[-cut:] if cut is not None else r for r in rows]
+        """Agent i's prompts as `generate` tokenizes them (`prompt_token_ids`), left-cut to `max_prompt_length`."""
+        return prompt_token_ids(self.tokenizers[i], prompts or [], self.args.max_prompt_length)
 
     @torch.no_grad()
     def generate(

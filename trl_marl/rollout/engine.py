@@ -21,7 +21,7 @@ from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample,
 from trl_marl.data_types.text import PromptText
 from trl_marl.distributed.collective import any_over_processes
 from trl_marl.rewards import RewardFunction
-from trl_marl.rollout.prompts import formatter_failure
+from trl_marl.rollout.prompts import format_item
 
 __all__ = ["logger", "JOINT_MODES", "TREE_WARN_SIZE", "GenerateFn", "tree_size", "JointRollout"]
 
@@ -146,16 +146,8 @@ class JointRollout:
         return [self.render(i, self.format(i, item)) for i in range(self.num_agents)]
 
     def format(self, i: int, item: dict):
-        """Agent i's formatter on `item`; its failure is re-raised (same type) naming the agent, the formatter and
-        the item's columns (a bare `KeyError: 'question'` does not say whose formatter wanted the column)."""
-        try:
-            return self.formatters[i](item)
-        except Exception as exc:
-            try:
-                named = type(exc)(formatter_failure(i, self.formatters[i], item, exc))
-            except Exception:  # an exception type that needs other arguments: keep the original
-                raise exc from None
-            raise named from exc
+        """Agent i's formatter on `item`, a failure naming the agent, the formatter and the columns (`format_item`)."""
+        return format_item(self.formatters, i, item)
 
     def next_prompts(self, item: dict, node: Node, joint_texts: list[str]) -> list[PromptText]:
         kwargs = {

@@ -1,7 +1,8 @@
 """Trainers: one `XConfig` + `XTrainer` pair per algorithm, all on `MultiAgentTrainer` (`base`); `registry` lists them.
 
 `MultiAgentTrainer` composes the parts every algorithm shares: `building` (the team, its references and parameter
-groups), `trl_marl.generation` (the engine it samples with), `metrics` (`MetricsRecorder`), `evaluation`
+groups), `trl_marl.generation` (the engine it samples with), `agentic` (`tools=`, `environment_factory=`, the turn
+order: the agentic rollout), `metrics` (`MetricsRecorder`), `evaluation`
 (`TaskEvaluator`), `checkpoints` (team folders, resume state, preemption), `arguments` and `names` (the checks and
 TRL's argument names), `data` (what a training step gets), `per_agent` (settings given once or per agent). An
 algorithm adds its step: `reinforce` (the group baselines; its configs with GRPOConfig's fields in `reinforce_config`,

@@ -43,10 +43,9 @@ from trl_marl.generation import GenerationEngine, HFGeneration, SamplingSettings
 from trl_marl.hub import init_trainer_repos, push_trainer, push_trainer_checkpoint, write_trainer_cards
 from trl_marl.models.loading import completion_token_ids, ended_with_eos, eos_token_ids
 from trl_marl.models.team import TeamModel
-from trl_marl.rewards import RewardFunction
-from trl_marl.rollout.engine import JointRollout
 from trl_marl.rollout.prompts import PromptRenderer, resolve_formatters
 from trl_marl.rollout.returns import RolloutReturns, rollout_returns
+from trl_marl.trainers.agentic import AgenticSetup, build_rollout
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.data import Experience, RolloutSampler, rollout_dataloader
 from trl_marl.trainers.evaluation import TaskEvaluator
@@ -83,7 +82,8 @@ class MultiAgentTrainer(_BaseTrainer):
         formatters: one callable for all agents, or one per agent, `formatter(item) -> str | chat messages`;
             default: `item["prompt"]`.
         reward_processor: optional `float -> float` applied to every reward (`trl_marl.rewards.scale`, `shift`, ...).
-        external_transition: multi-turn transition, required when `num_turns > 1`.
+        external_transition: multi-turn transition, required when `num_turns > 1` (without tools or environment).
+        tools, environment_factory: TRL's `tools=` and `environment_factory=`, for a team (`docs/agentic.md`).
         model_config: loading options for ids: `dtype`, `attn_implementation`, `trust_remote_code`, `revision`,
             `model_kwargs` (a dict), or a TRL `ModelConfig`; `args.model_init_kwargs` (TRL's) adds to them.
         metrics_callback: `callable(rollout_records) -> dict[str, float]` of domain metrics, called on every
@@ -101,6 +101,7 @@ class MultiAgentTrainer(_BaseTrainer):
     args_class: type | None = None  # what args must be an instance of (default: config_class)
     supports_per_agent_rewards = False
     supports_shared_base = True  # agents as adapters on one base model (share_base_model=True)
+    supports_agentic = True  # tools, environment_factory, turn_order="sequential" (trainers.agentic)
     # Classes a checkpoint's resume state may hold besides tensors and containers (the `weights_only` allowlist of
     # trl_marl.checkpointing); a subclass lists the ones it adds, `all_resume_types` collects them over the MRO.
     resume_types: tuple[type, ...] = (Rollout, Node, Sample, GenerationOutput, PromptText, AgentBatch)
@@ -132,6 +133,8 @@ class MultiAgentTrainer(_BaseTrainer):
         formatters: Callable | Sequence[Callable] | None = None,
         reward_processor: Callable[[float], float] | None = None,
         external_transition: Callable[..., Any] | None = None,
+        tools: Sequence[Callable[..., Any] | Sequence[Callable[..., Any]]] | None = None,
+        environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None,
         model_config: Any = None,
         metrics_callback: Callable[[list[dict]], dict] | None = None,
         wandb_config: dict | None = None,
@@ -151,13 +154,17 @@ class MultiAgentTrainer(_BaseTrainer):
 
         # ---- validation, before any model loads ----
         sources = arguments.agent_sources(model, n)
-        self.formatters = resolve_formatters(formatters, n)
+        self.formatters = formatters = resolve_formatters(formatters, n)
+        self.agentic = agentic = AgenticSetup.build(
+            type(self), args, tools, environment_factory, reward_func, train_dataset, external_transition
+        )
+        train_dataset = agentic.train_dataset if agentic else train_dataset
         arguments.check_run_arguments(
-            args, processing_class, reward_func, train_dataset, eval_dataset, self.formatters, external_transition
+            args, processing_class, reward_func, train_dataset, eval_dataset, formatters, external_transition, agentic
         )
         columns = arguments.column_names(train_dataset)
         allow = self.supports_per_agent_rewards
-        reward = RewardFunction(reward_func, n, reward_processor, allow_per_agent=allow, column_names=columns)
+        reward = arguments.team_reward(reward_func, n, reward_processor, allow, columns, agentic)
         if args.share_base_model:
             arguments.check_shared_base(model, args, peft_config, type(self).__name__, self.supports_shared_base)
         self._check_config(args)
@@ -229,9 +236,7 @@ class MultiAgentTrainer(_BaseTrainer):
         self.add_callback(checkpoints.PreemptionCallback(self._preemption, self.accelerator))
         self.generation = self._generation_engine()
         # ZeRO-3 / FSDP2: generation gathers each agent (a collective): every process runs every turn (`synced`)
-        self.rollout_engine = JointRollout.from_config(
-            args, self.formatters, self._render, reward, external_transition, synced=self.generation.collective
-        )
+        self.rollout_engine = build_rollout(self, agentic, reward, external_transition)
         # Training rollouts may score with another reward than evaluation (MARLHF: a learned reward model); the
         # task reward of `rollout_engine` is what evaluation always uses.
         self.train_rollout_engine = self.rollout_engine
@@ -325,16 +330,11 @@ class MultiAgentTrainer(_BaseTrainer):
         return []
 
     def _clip_grad_norm(self, model):
-        """Clip each agent's gradient (and each critic's) by its OWN norm to `max_grad_norm`, so one module's large
-        gradient never shrinks another's update (each agent's loss touches only its own parameters: per-agent updates
-        stay separate). Returns the pre-clip norm of all of them together, as transformers logs it. The engine clips
+        """Clip each agent's (and critic's) gradient by its OWN norm (`building.clip_agents_each`); the engine clips
         under DeepSpeed and FSDP, and for agents sharing one base (adapters)."""
-        team = self.team
-        if self.is_deepspeed_enabled or self.is_fsdp_enabled or team.shared_base:
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled or self.team.shared_base:
             return super()._clip_grad_norm(model)
-        self.accelerator.unscale_gradients()  # once, before any clipping (mixed precision)
-        groups = [[p for _, p in team.agent_named_parameters(i)] for i in range(team.num_agents)]
-        return building.clip_each(groups + self._extra_clip_groups(), self.args.max_grad_norm)
+        return building.clip_agents_each(self)
 
     def _grad_norm_modules(self) -> list[tuple[str, nn.Module]]:
         """The modules whose gradient norm is logged (`<name>/grad_norm`): the agents, plus critics and value heads."""
@@ -389,9 +389,8 @@ class MultiAgentTrainer(_BaseTrainer):
         return ended_with_eos(self.tokenizers[i], completion_ids, self.eos_ids[i])
 
     def agent_batch(self, i: int, samples: Sequence) -> AgentBatch:
-        return collate_agent_batch(
-            [s.prompt_ids for s in samples], [s.completion_ids for s in samples], self.tokenizers[i].pad_token_id
-        )
+        ids = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+        return collate_agent_batch(*ids, self.tokenizers[i].pad_token_id, [s.tool_mask for s in samples])
 
     # ------------------------------------------------------------------ the training step
     def training_step(self, model, inputs, num_items_in_batch=None):

@@ -21,6 +21,7 @@ from trl_marl.models.loading import load_agents, load_tokenizers
 from trl_marl.models.team import agent_token_logprobs
 
 __all__ = [
+    "clip_agents_each",
     "load_team_members",
     "place_agents",
     "needs_reference",
@@ -172,6 +173,18 @@ def agent_param_groups(team: nn.Module, args: Any, decay: set[str]) -> list[dict
         lr = agent_learning_rate(args, i)
         groups += decay_groups(team.agent_named_parameters(i), decay, args.weight_decay, lr, f"agent_{i + 1}")
     return groups
+
+
+def clip_agents_each(trainer: Any) -> torch.Tensor:
+    """`MultiAgentTrainer._clip_grad_norm` where no engine clips: unscale once (mixed precision), then clip each
+    agent's gradient, and each of `trainer._extra_clip_groups()` (critics, value heads), by its OWN norm to
+    `max_grad_norm` (`clip_each`), so one module's large gradient never shrinks another's update (each agent's loss
+    touches only its own parameters: per-agent updates stay separate). Returns the pre-clip norm of all of them
+    together, as transformers logs it."""
+    team = trainer.team
+    trainer.accelerator.unscale_gradients()  # once, before any clipping (mixed precision)
+    groups = [[p for _, p in team.agent_named_parameters(i)] for i in range(team.num_agents)]
+    return clip_each(groups + trainer._extra_clip_groups(), trainer.args.max_grad_norm)
 
 
 def clip_each(groups: Sequence[Sequence[torch.nn.Parameter]], max_norm: float) -> torch.Tensor:

@@ -16,6 +16,7 @@ if not torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") is None:
 
 from trl.trainer.base_config import _BaseConfig  # noqa: E402
 
+from trl_marl.environments.episode import TURN_ORDERS  # noqa: E402
 from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
 from trl_marl.trainers.per_agent import SAMPLING_FIELDS, agent_value, check_per_agent  # noqa: E402
@@ -57,7 +58,13 @@ class MultiAgentConfig(_BaseConfig):
         num_generations: completions G each agent samples per prompt (per node of the rollout tree).
         joint_mode: how the agents' samples combine into joint actions: `"aligned"` (G joint actions, sample j with
             sample j) or `"cross"` (the Cartesian product, G^n joint actions).
-        num_turns: turns per rollout; more than 1 needs an `external_transition`.
+        num_turns: turns per rollout; more than 1 needs an `external_transition`, or an agentic rollout (tools, an
+            environment or a sequential turn order), where it is the most turns of an episode.
+        turn_order: within a turn, `"simultaneous"` (no agent sees another's message of the same turn: the messages
+            are exchanged when the turn ends) or `"sequential"` (agent i+1 sees the messages of agents 1..i of the
+            same turn and branch; an agentic rollout, see `docs/agentic.md`).
+        max_tool_calling_iterations: tool rounds an agent may run in one turn (TRL's name): after that many, the tool
+            calls of its last completion are not run; `None` means no limit (the completion budget still ends it).
         discount: gamma, applied to the next turn's return in multi-turn rollouts (honoured, unlike the reference
             library's MAGRPO).
         early_termination_threshold: a rollout branch stops when its turn's mean processed reward exceeds this;
@@ -140,7 +147,19 @@ class MultiAgentConfig(_BaseConfig):
         default="aligned",
         metadata={"help": "Joint actions: 'aligned' (G) or 'cross' (G^n).", "choices": list(JOINT_MODES)},
     )
-    num_turns: int = field(default=1, metadata={"help": "Turns per rollout (>1 needs external_transition)."})
+    num_turns: int = field(
+        default=1, metadata={"help": "Turns per rollout (>1 needs external_transition, tools or an environment)."}
+    )
+    turn_order: str = field(
+        default="simultaneous",
+        metadata={
+            "help": "Within a turn: 'simultaneous' or 'sequential' (agent i+1 sees agents 1..i's messages).",
+            "choices": list(TURN_ORDERS),
+        },
+    )
+    max_tool_calling_iterations: int | None = field(
+        default=None, metadata={"help": "Tool rounds per agent turn (TRL's name); None: no limit."}
+    )
     discount: float = field(default=1.0, metadata={"help": "Discount gamma between turns."})
     early_termination_threshold: float | None = field(
         default=None, metadata={"help": "Stop a branch when its mean reward exceeds this; None disables."}
@@ -353,6 +372,9 @@ class MultiAgentConfig(_BaseConfig):
         need(self.num_generations >= 1, f"num_generations must be >= 1, got {self.num_generations}")
         need(self.joint_mode in JOINT_MODES, f"joint_mode must be one of {list(JOINT_MODES)}, got {self.joint_mode!r}")
         need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
+        need(self.turn_order in TURN_ORDERS, f"turn_order must be one of {list(TURN_ORDERS)}, got {self.turn_order!r}")
+        mti = self.max_tool_calling_iterations
+        need(mti is None or mti >= 0, f"max_tool_calling_iterations must be None (no limit) or >= 0, got {mti}")
         need(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
         check_per_agent(self, SAMPLING_FIELDS, self.num_agents, allowed=self._per_agent_settings)
         for i in range(self.num_agents):  # one value, or one per agent (trl_marl.trainers.per_agent)

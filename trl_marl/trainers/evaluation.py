@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
+from trl_marl.data_types.rollout import generated_tokens
 from trl_marl.distributed.collective import even_chunks
 from trl_marl.generation.engine import GenerationEngine
 from trl_marl.rollout.engine import JointRollout
@@ -124,8 +125,10 @@ class TaskEvaluator:
                     counts[f"{key}/expected_return"] += r.numel()
                 for i in range(self.num_agents):
                     samples = rollout.samples_of_agent(i)
-                    sums[f"agent_{i + 1}/completion_length"] += sum(s.completion_ids.numel() for s in samples)
+                    sums[f"agent_{i + 1}/completion_length"] += sum(generated_tokens(s) for s in samples)
                     counts[f"agent_{i + 1}/completion_length"] += len(samples)
+                for k, v in rollout.metrics.items():  # the rollout engine's own (agentic: tools, episodes)
+                    extra[k].append(float(v))
                 if self.metrics_callback is not None:
                     for k, v in (self.metrics_callback(rollout.records(returns.joint)) or {}).items():
                         extra[k].append(float(v))

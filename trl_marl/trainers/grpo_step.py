@@ -35,7 +35,7 @@ from trl_marl.algorithms.grpo import (
     vllm_importance_sampling_metrics,
     vllm_importance_sampling_ratio,
 )
-from trl_marl.data_types.rollout import Node, Rollout
+from trl_marl.data_types.rollout import Node, Rollout, generated_tokens
 from trl_marl.models.team import agent_token_logprobs
 from trl_marl.trainers.per_agent import agent_values
 
@@ -137,7 +137,9 @@ class GRPOLossStep:
         last = torch.tensor([int(s.completion_ids[-1]) if s.completion_ids.numel() else -1 for s in samples])
         ids, mask = last.unsqueeze(1), (lengths > 0).long().unsqueeze(1)
         truncated = truncated_completions(ids, mask, t.eos_ids[i], t.tokenizers[i].pad_token_id)
-        counted = lengths * (~truncated).long() if self.mask_truncated[i] else lengths
+        # TRL's num_items_in_batch counts `completion_mask * tool_mask`: tool results inserted in a turn are not counted
+        generated = torch.tensor([generated_tokens(s) for s in samples], dtype=torch.long)
+        counted = generated * (~truncated).long() if self.mask_truncated[i] else generated
         tokens = counted.sum().to(torch.float32)
         if t.accelerator.num_processes > 1:
             tokens = t.accelerator.reduce(tokens.to(t.accelerator.device), reduction="sum").cpu()

@@ -357,6 +357,7 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
 
     _name = "CentralizedMAGRPO"
     _tag_names = ["trl", "trl_marl", "multi-agent", "magrpo", "centralized"]
+    supports_agentic = False  # ONE model writes every role in one completion: no turns between agents
 
     def __init__(
         self,

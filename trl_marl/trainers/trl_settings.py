@@ -99,7 +99,6 @@ TRL_CONFIG_SETTINGS: dict[str, str] = {
     "entropy_target": _ADAPTIVE_ENTROPY,
     "off_policy_mask_threshold": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
     "use_bias_correction_kl": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
-    "max_tool_calling_iterations": "agentic teams: see docs/agentic.md (tools=, environment_factory=)",
     "vllm_importance_sampling_correction": "a setting of the MAGRPO family with use_vllm (MAGRPOConfig)",
     "vllm_importance_sampling_mode": "a setting of the MAGRPO family with use_vllm (MAGRPOConfig)",
     "vllm_importance_sampling_clip_max": "a setting of the MAGRPO family with use_vllm (MAGRPOConfig)",
@@ -144,8 +143,6 @@ TRL_TRAINER_ARGUMENTS: dict[str, str] = {
     "model=[...] with peft_config",
     "rollout_func": "not supported: the rollout is the team's joint rollout; a custom multi-turn step is "
     "external_transition=, an environment is environment_factory=",
-    "tools": "agentic teams: see docs/agentic.md",
-    "environment_factory": "agentic teams: see docs/agentic.md",
     "ref_model": "not needed: the reference is each agent's initial weights (or its base with the adapter disabled, "
     "with peft_config)",
     "data_collator": "not supported: the trainers lay out their own batches (one masked forward pass per agent)",

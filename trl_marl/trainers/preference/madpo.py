@@ -217,6 +217,7 @@ class PreferenceCollectionMixin:
 
     resume_types = (PreferencePair,)
     runs_rounds = False  # True: the iterative trainers, which collect their pairs every round
+    supports_agentic = False  # candidates are joint responses to one prompt, compared in pairs (no episodes)
 
     # where the collected candidates' mean task reward is logged. MADPO has no other rollouts, so it reuses the
     # rollout keys; MARLHF's RL rollouts log their LEARNED reward there, so it uses a key of its own (the Trainer
