@@ -8,8 +8,8 @@ Each check rides on a value the step computes anyway, so a healthy step pays one
   `logging_nan_inf_filter`);
 - `check_grad_norm`: the gradient norm of each optimizer step, before `optimizer.step()` (the pre-clip norm the
   trainer computes per agent in `_clip_grad_norm`, or transformers' own);
-- `check_weights`: the state dict a save is about to write (one fused test per module), so that no team or
-  checkpoint is written with a non-finite weight.
+- `check_weights`: the state dict a save is about to write (each tensor's min and max, one pass without a
+  temporary; a small fraction of writing it), so that no team or checkpoint is written with a non-finite weight.
 
 Only when a check fails are the per-module gradients inspected, to name the culprit.
 """
@@ -84,23 +84,25 @@ def check_grad_norm(trainer: Any, grad_norm: Any) -> None:
 
 
 def check_weights(trainer: Any, state_dict: Mapping[str, torch.Tensor], output_dir: str) -> None:
-    """Refuse to write `state_dict` to `output_dir` when a floating-point weight is not finite (one fused test per
-    module: `agents.0`, `critic`, ...), naming the modules and tensors."""
-    by_module: dict[str, list[str]] = {}
+    """Refuse to write `state_dict` to `output_dir` when a floating-point weight is not finite, naming the modules
+    (`agent_2`, `critic`, ...) and tensors. Each tensor's min and max come from one pass without a temporary (NaN and
+    inf show in them); one read-back per module and device."""
+    groups: dict[tuple[str, torch.device], list[str]] = {}
     for key, tensor in state_dict.items():
         if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel():
             parts = key.split(".")
             module = ".".join(parts[:2]) if parts[0] == "agents" else parts[0]
-            by_module.setdefault(module, []).append(key)
-    bad: list[str] = []
-    for module, keys in by_module.items():
-        flags = torch.stack([torch.isfinite(state_dict[k]).all().cpu() for k in keys])
+            groups.setdefault((module, tensor.device), []).append(key)
+    bad: dict[str, list[str]] = {}
+    for (module, _device), keys in groups.items():
+        extremes = torch.stack([torch.stack(torch.aminmax(state_dict[k].detach())).float() for k in keys])
+        flags = torch.isfinite(extremes).all(dim=1).cpu()
         if not bool(flags.all()):
-            names = [k for k, ok in zip(keys, flags.tolist()) if not ok]
             label = f"agent_{int(module.split('.')[1]) + 1}" if module.startswith("agents.") else module
-            bad.append(f"{label} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+            bad.setdefault(label, []).extend(k for k, ok in zip(keys, flags.tolist()) if not ok)
     if bad:
+        where = "; ".join(f"{label} ({', '.join(n[:3])}{', ...' if len(n) > 3 else ''})" for label, n in bad.items())
         raise NonFiniteError(
             f"{type(trainer).__name__}: not saving to {os.path.abspath(output_dir)} at step "
-            f"{trainer.state.global_step}: non-finite weights in {'; '.join(bad)}. {_advice(trainer, applied=True)}"
+            f"{trainer.state.global_step}: non-finite weights in {where}. {_advice(trainer, applied=True)}"
         )

@@ -351,6 +351,7 @@ def _head_load_report_silenced():
     """transformers logs a LOAD REPORT table for the weights a checkpoint lacks; a backbone loaded under a NEW scalar
     head always lacks the head (`score.weight`), which is initialised here by design: that known-harmless report is
     silenced for the load (`from_pretrained` reports a missing backbone weight itself)."""
+
     def not_the_load_report(record: logging.LogRecord) -> bool:
         return "LOAD REPORT" not in record.getMessage()
 
