@@ -2,8 +2,9 @@
 
 `MultiAgentTrainer` composes the parts every algorithm shares: `building` (the team, its references and parameter
 groups), `trl_marl.generation` (the engine it samples with), `metrics` (`MetricsRecorder`), `evaluation`
-(`TaskEvaluator`), `checkpoints` (team folders, resume state, preemption), `arguments` and `names` (the checks and
-TRL's argument names), `data` (what a training step gets). An algorithm adds its step: `reinforce` (the group
+(`TaskEvaluator`), `checkpoints` (team folders, resume state, the phases of `train()` and preemption), `finite` (a
+non-finite loss, gradient or weight stops the run), `arguments`, `names` and `config_checks` (the checks and TRL's
+argument names), `data` (what a training step gets). An algorithm adds its step: `reinforce` (the group
 baselines), `actor_critic/` (critics), `preference/` (pairs, DPO, a learned reward).
 
 The names below import on first use, as at the package root, so that `trl_marl.trainers.registry` (which the command
