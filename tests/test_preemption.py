@@ -34,6 +34,26 @@ def test_nested_covering_keeps_the_handlers_and_the_signal_of_the_outer_block():
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+def test_sigterm_during_the_final_evaluation_inside_train_checkpoints_the_last_step(tmp_path, tiny_path):
+    """MADPO evaluates at the end of `train()`: a signal there (no outer block) writes a complete checkpoint of the
+    last step and exits with 75, also with save_strategy="no". On the old code the handler was gone by then: -15."""
+    trainer = resume_run.build("madpo", str(tmp_path / "run"), tiny_path, save=False)
+    trainer.eval_dataset = resume_run.items()
+    trainer.args.max_steps, trainer.args.eval_num_samples = 2, 2
+    evaluate = trainer.evaluate
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(*args, **kwargs)
+
+    trainer.evaluate = signalled
+    with pytest.raises(SystemExit) as stopped:
+        trainer.train()
+    assert stopped.value.code == PREEMPTED_EXIT_CODE
+    assert latest_complete_checkpoint(str(tmp_path / "run")) == str(tmp_path / "run" / "checkpoint-2")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are put back
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "family, phase", [("madpo", "collection"), ("marlhf", "collection"), ("marlhf", "reward_fit")]

@@ -504,11 +504,10 @@ class MultiAgentTrainer(_BaseTrainer):
 
     # ------------------------------------------------------------------ checkpoints, resume, preemption
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
-        """`Trainer.train`, plus: `resume_from_checkpoint=True` resumes from the latest COMPLETE checkpoint (an
-        incomplete one is skipped with a warning naming it), the step inside the rollout, the buffered rollout,
-        `env_step` and every random stream are restored (exact resume); SIGTERM / SIGUSR1, from the first phase to
-        the last (`_prepare_training`, the loop, `_after_training`), write a complete checkpoint at the next safe
-        point and exit with status `PREEMPTED_EXIT_CODE` (75) (`checkpoints.run_training`)."""
+        """`Trainer.train`, plus: `resume_from_checkpoint=True` resumes from the latest COMPLETE checkpoint, exactly
+        (the step inside the rollout, the buffered rollout, `env_step`, every random stream); SIGTERM / SIGUSR1, from
+        the first phase to the last (`_prepare_training`, the loop, `_after_training`), write a complete checkpoint
+        at the next safe point and exit with status 75 (`checkpoints.run_training`)."""
         return checkpoints.run_training(self, super().train, resume_from_checkpoint, *args, **kwargs)
 
     def _training_context(self, checkpoint: str | None) -> contextlib.AbstractContextManager:

@@ -26,7 +26,6 @@ from trl_marl.checkpointing.checkpoint import (
     PREEMPTED_EXIT_CODE,
     CheckpointError,
     PreemptionHandler,
-    checkpoint_status,
     is_staging_folder,
     load_resume_state,
     save_checkpoint_atomically,
@@ -353,8 +352,10 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
         with trainer._training_context(checkpoint):
             out = trainer._prepare_training(checkpoint)
             if out is None:
-                stop_if_preempted(trainer, "before the first optimizer step")
-                out = training_loop(_loop_checkpoint(trainer, checkpoint), *args, **kwargs)
+                loop_checkpoint = _loop_checkpoint(trainer, checkpoint)
+                # a run resumed from a checkpoint of the loop has done nothing since: that checkpoint is the state
+                stop_if_preempted(trainer, "before the first optimizer step", keep=loop_checkpoint)
+                out = training_loop(loop_checkpoint, *args, **kwargs)
                 if handler.stop_now:
                     exit_preempted(trainer)
                 out = trainer._after_training(out)
@@ -376,23 +377,21 @@ def _loop_checkpoint(trainer: Any, checkpoint: str | None) -> str | None:
     return None
 
 
-def stop_if_preempted(trainer: Any, when: str) -> None:
-    """When any process received SIGTERM / SIGUSR1: write a complete checkpoint of the trainer's state now (unless
-    the latest one is at this step already), then exit with status 75. Before the first optimizer step the
-    checkpoint holds the agents, the random states and the resume state (collected pairs, the fitted reward model),
-    without optimizer state. Every process must call it at the same point."""
+def stop_if_preempted(trainer: Any, when: str, keep: str | None = None) -> None:
+    """When any process received SIGTERM / SIGUSR1: write a complete checkpoint of the trainer's state now, then exit
+    with status 75. Before the first optimizer step the checkpoint holds the agents, the random states and the resume
+    state (collected pairs, the fitted reward model), without optimizer state. `keep`: a complete checkpoint that
+    holds the current state already (none is written). Every process must call it at the same point."""
     if not _any_process_requested(trainer._preemption, trainer.accelerator):
         return
     trainer._preemption.stop_now = True
     step = trainer.state.global_step
-    path = os.path.join(trainer._get_output_dir(trial=None), f"checkpoint-{step}")
-    if checkpoint_status(path) is not None:  # none complete at this step yet
-        path = save_checkpoint_atomically(
-            trainer,
-            identity=checkpoint_identity(trainer),
-            with_optimizer=step > 0,
-            save_model=None if step > 0 else _initial_team_saver(trainer),
-        )
+    path = keep or save_checkpoint_atomically(
+        trainer,
+        identity=checkpoint_identity(trainer),
+        with_optimizer=step > 0,
+        save_model=None if step > 0 else _initial_team_saver(trainer),
+    )
     exit_preempted(trainer, path, when)
 
 
