@@ -342,12 +342,14 @@ def test_resume_and_push_flags_reach_the_trainer(tmp_path, tiny_path):
     dataset, and TRL's names reach the trainer (`model=`, `reward_funcs=`, `peft_config=`)."""
     from types import SimpleNamespace as NS
 
+    from trl_marl.checkpointing.checkpoint import PreemptionHandler
     from trl_marl.cli.recipe_args import parse_recipe_args, run_recipe
 
     class FakeTrainer:
         def __init__(self, **kwargs):
             self.kwargs, self.accelerator = kwargs, NS(is_main_process=True, num_processes=1)
             self.state, self.num_agents = NS(global_step=2), 2
+            self._preemption = PreemptionHandler()  # the CLI handles SIGTERM around train() and the final save
 
         def evaluate_reward(self):
             return {"eval_reward": 0.25}

@@ -58,7 +58,7 @@ def test_unknown_joint_mode(make_args):
     "field, value, message",
     [
         ("num_agents", 0, "num_agents must be >= 1"),
-        ("temperature", 0.0, "temperature must be > 0"),
+        ("temperature", 0.0, r"temperature must be in \[0.01, 100\], got 0.0"),
         ("top_p", 1.5, "top_p must be in"),
         ("discount", 1.5, "discount must be in"),
         ("train_batch_size", 3, "train_batch_size \\(3\\) must be >= 1 and divide rollout_buffer_size \\(2\\)"),

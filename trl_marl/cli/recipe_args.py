@@ -474,29 +474,35 @@ def train_and_save(trainer: Any, config: Any, label: str, evaluate: bool, datase
     before = trainer.evaluate_reward()["eval_reward"] if evaluate and not resume else None
     if main and before is not None:
         print(f"[trl_marl] {label} eval reward before training: {before:.4f}")
-    out = trainer.train(resume_from_checkpoint=resume)
-    if trainer.state.global_step == 0:  # e.g. MADPO collected no preference pair: nothing was learnt
+    # SIGTERM / SIGUSR1 from the start of train() to the end of the save below: inside train() the trainer writes a
+    # checkpoint at its next safe point; after it, the evaluation and the save finish, then the run exits with 75
+    from trl_marl.trainers.checkpoints import preemption_covered
+
+    saved = f"the trained team is saved in {config.output_dir}"
+    with preemption_covered(trainer, saved):
+        out = trainer.train(resume_from_checkpoint=resume)
+        if trainer.state.global_step == 0:  # e.g. MADPO collected no preference pair: nothing was learnt
+            if main:
+                print(
+                    f"[trl_marl] error: {trainer._name} took no training step (see the warning above); nothing was "
+                    f"saved to {config.output_dir}",
+                    file=sys.stderr,
+                )
+            _end_processes(trainer)
+            raise SystemExit(1)
+        after = (out.metrics or {}).get("eval_reward") if out is not None else None
+        if after is None and evaluate:  # trainers that do not evaluate at the end of train()
+            after = trainer.evaluate_reward()["eval_reward"]
+        if main and after is not None:
+            since = f" (before: {before:.4f})" if before is not None else ""
+            print(f"[trl_marl] {label} eval reward after training:  {after:.4f}{since}")
+        trainer.save_model(config.output_dir)
         if main:
-            print(
-                f"[trl_marl] error: {trainer._name} took no training step (see the warning above); nothing was "
-                f"saved to {config.output_dir}",
-                file=sys.stderr,
-            )
-        _end_processes(trainer)
-        raise SystemExit(1)
-    after = (out.metrics or {}).get("eval_reward") if out is not None else None
-    if after is None and evaluate:  # trainers that do not evaluate at the end of train()
-        after = trainer.evaluate_reward()["eval_reward"]
-    if main and after is not None:
-        since = f" (before: {before:.4f})" if before is not None else ""
-        print(f"[trl_marl] {label} eval reward after training:  {after:.4f}{since}")
-    trainer.save_model(config.output_dir)
-    if main:
-        n = trainer.num_agents
-        what = f"{n} agent models ({', '.join(f'agent_{i + 1}/' for i in range(n))})"
-        if getattr(trainer, "num_roles", n) != n:  # centralized: ONE model writes every role
-            what = f"1 centralized model (agent_1/) that writes all {trainer.num_roles} roles"
-        print(f"[trl_marl] saved {what} and team.json to {config.output_dir}")
+            n = trainer.num_agents
+            what = f"{n} agent models ({', '.join(f'agent_{i + 1}/' for i in range(n))})"
+            if getattr(trainer, "num_roles", n) != n:  # centralized: ONE model writes every role
+                what = f"1 centralized model (agent_1/) that writes all {trainer.num_roles} roles"
+            print(f"[trl_marl] saved {what} and team.json to {config.output_dir}")
     if config.push_to_hub:
         # a Hub dataset only when the data came from one (a built-in task is no Hub dataset: the card names none)
         trainer.push_to_hub(dataset_name=dataset_name)

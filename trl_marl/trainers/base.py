@@ -10,6 +10,7 @@ reward (`evaluation`), and the team folders and resume state of checkpoints (`ch
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -27,11 +28,8 @@ from trl.trainer.base_trainer import _BaseTrainer
 import trl_marl.trainers.arguments as arguments
 import trl_marl.trainers.building as building
 import trl_marl.trainers.checkpoints as checkpoints
-from trl_marl.checkpointing.checkpoint import (
-    PreemptionHandler,
-    resolve_resume_checkpoint,
-    save_checkpoint_atomically,
-)
+import trl_marl.trainers.finite as finite
+from trl_marl.checkpointing.checkpoint import PreemptionHandler, resolve_resume_checkpoint, save_checkpoint_atomically
 from trl_marl.data_types.batches import AgentBatch, collate_agent_batch
 from trl_marl.data_types.rng import RNGStreams
 from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample
@@ -243,6 +241,7 @@ class MultiAgentTrainer(_BaseTrainer):
         self.evaluator = TaskEvaluator(
             self.rollout_engine, self.generation, self.accelerator, n, args.seed, metrics_callback
         )
+        checkpoints.check_output_space(self)  # a read-only or full disk found now, not after training
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -336,6 +335,11 @@ class MultiAgentTrainer(_BaseTrainer):
             return super()._clip_grad_norm(model)
         return building.clip_agents_each(self)
 
+    def _get_grad_norm(self, model, grad_norm=None):
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        finite.check_grad_norm(self, grad_norm)  # before the optimizer step applies it
+        return grad_norm
+
     def _grad_norm_modules(self) -> list[tuple[str, nn.Module]]:
         """The modules whose gradient norm is logged (`<name>/grad_norm`): the agents, plus critics and value heads."""
         return [(f"agent_{i + 1}", agent) for i, agent in enumerate(self.team.agents)]
@@ -397,6 +401,7 @@ class MultiAgentTrainer(_BaseTrainer):
         t0 = time.perf_counter()
         self._metrics.step_rollout_seconds = 0.0
         loss = super().training_step(model, inputs, num_items_in_batch)
+        finite.check_loss(self, loss)  # a non-finite loss stops the run before the optimizer step
         self._step += 1
         self._metrics.timings["update"] += time.perf_counter() - t0 - self._metrics.step_rollout_seconds
         at_update = self._step % self.args.gradient_accumulation_steps == 0
@@ -461,7 +466,8 @@ class MultiAgentTrainer(_BaseTrainer):
         checkpoints.save_rng_streams(self.rng_streams, output_dir, self.accelerator.process_index)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
-        super()._load_rng_state(checkpoint)
+        with checkpoints.damaged_rng_state_named(checkpoint, self.accelerator.process_index):
+            super()._load_rng_state(checkpoint)
         if checkpoint is not None:
             checkpoints.load_rng_streams(self.rng_streams, checkpoint, self.accelerator.process_index)
 
@@ -496,31 +502,25 @@ class MultiAgentTrainer(_BaseTrainer):
         self._last_eval_reward = out[f"{metric_key_prefix}_reward"]
         return out
 
-    def _final_evaluation(self, out):
-        """Evaluate after training (with an eval dataset): print `eval_reward` and add the metrics to `out`."""
-        if self.eval_dataset is None or out is None:
-            return out
-        from transformers.trainer_utils import TrainOutput
-
-        metrics = self.evaluate()
-        if self.accelerator.is_main_process:
-            print(f"[trl_marl] final evaluation: eval_reward={metrics['eval_reward']:.4f}")
-        return TrainOutput(out.global_step, out.training_loss, {**(out.metrics or {}), **metrics})
-
     # ------------------------------------------------------------------ checkpoints, resume, preemption
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
-        """`Trainer.train`, plus: `resume_from_checkpoint=True` resumes from the latest COMPLETE checkpoint (an
-        incomplete one is skipped with a warning naming it), the step inside the rollout, the buffered rollout,
-        `env_step` and every random stream are restored (exact resume), and SIGTERM / SIGUSR1 finish the current
-        optimizer step, write a checkpoint and exit with status `PREEMPTED_EXIT_CODE` (75)."""
-        checkpoint = self._restore_for_resume(resume_from_checkpoint)
-        self._preemption.install()
-        try:
-            out = super().train(checkpoint, *args, **kwargs)
-        finally:
-            self._preemption.uninstall()
-        if self._preemption.stop_now:
-            checkpoints.exit_preempted(self)
+        """`Trainer.train`, plus: `resume_from_checkpoint=True` resumes from the latest COMPLETE checkpoint, exactly
+        (the step inside the rollout, the buffered rollout, `env_step`, every random stream); SIGTERM / SIGUSR1, from
+        the first phase to the last (`_prepare_training`, the loop, `_after_training`), write a complete checkpoint
+        at the next safe point and exit with status 75 (`checkpoints.run_training`)."""
+        return checkpoints.run_training(self, super().train, resume_from_checkpoint, *args, **kwargs)
+
+    def _training_context(self, checkpoint: str | None) -> contextlib.AbstractContextManager:
+        """Around the phases of `train()` (the iterative trainers' rounds); nothing here."""
+        return contextlib.nullcontext()
+
+    def _prepare_training(self, checkpoint: str | None) -> Any:
+        """Before the training loop (pair collection, reward-model fitting): None to train, or what `train()` returns
+        instead of training; nothing here."""
+        return None
+
+    def _after_training(self, out: Any) -> Any:
+        """After the training loop (the final evaluation of the preference trainers); `out` unchanged here."""
         return out
 
     def _restore_for_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:

@@ -22,7 +22,7 @@ from trl_marl.rollout.engine import JointRollout
 from trl_marl.rollout.returns import rollout_returns
 from trl_marl.utils.progress import progress_bar
 
-__all__ = ["TaskEvaluator"]
+__all__ = ["TaskEvaluator", "final_evaluation"]
 
 
 class TaskEvaluator:
@@ -133,3 +133,16 @@ class TaskEvaluator:
                     for k, v in (self.metrics_callback(rollout.records(returns.joint)) or {}).items():
                         extra[k].append(float(v))
         return sums, counts, extra
+
+
+def final_evaluation(trainer: Any, out: Any) -> Any:
+    """Evaluate `trainer` after training (when it has an eval dataset): print `eval_reward` and add the metrics to
+    `out`, the `TrainOutput` of the training loop (the preference trainers' `_after_training`)."""
+    if trainer.eval_dataset is None or out is None:
+        return out
+    from transformers.trainer_utils import TrainOutput
+
+    metrics = trainer.evaluate()
+    if trainer.accelerator.is_main_process:
+        print(f"[trl_marl] final evaluation: eval_reward={metrics['eval_reward']:.4f}")
+    return TrainOutput(out.global_step, out.training_loss, {**(out.metrics or {}), **metrics})

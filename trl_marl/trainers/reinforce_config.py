@@ -129,6 +129,7 @@ class MAGRPOConfig(MultiAgentConfig):
     """
 
     _per_agent_settings = True
+    _per_agent_fields = PER_AGENT_FIELDS
     # the seed's scaling when `advantage_normalization` is unset: MAGRPO z-scores, its siblings do not
     _seed_normalization = True
 

@@ -101,10 +101,8 @@ class MADPOIterTrainer(MADPOTrainer):
     def _prepare_inputs(self, batch):
         return {"pairs": batch}
 
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        checkpoint = self._restore_for_resume(resume_from_checkpoint)
-        with self.rounds.running(checkpoint):
-            return super().train(checkpoint, *args, **kwargs)
+    def _training_context(self, checkpoint):
+        return self.rounds.running(checkpoint)
 
     def _rng_round(self) -> int:
         return self.rounds.stream_round

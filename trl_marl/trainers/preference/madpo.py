@@ -35,6 +35,7 @@ from trl_marl.data_types.rng import keyed_rng
 from trl_marl.trainers.base import MultiAgentTrainer
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.data import identity_collate
+from trl_marl.trainers.evaluation import final_evaluation
 from trl_marl.trainers.preference.data_parallel import (
     EpochDataLoader,
     GlobalBatchSampler,
@@ -332,6 +333,9 @@ class PreferenceCollectionMixin:
         return TrainOutput(self.state.global_step, 0.0, {"num_pairs": 0})
 
     @torch.no_grad()
+    def _after_training(self, out):
+        return final_evaluation(self, out)  # a true post-update reward, unlike turn_1/reward_mean
+
     def collect_preference_pairs(self, dataset=None) -> list[PreferencePair]:
         """Sample K joint responses per item (this process's share, `rollout_buffer_size` items per `generate`),
         score them with the task reward, keep pairs by `pair_selection` (its random choices keyed by the item).
@@ -485,12 +489,11 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
     def _prepare_inputs(self, batch):
         return {"pairs": [self.pairs[i] for i in batch]}
 
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        resume_from_checkpoint = self._restore_for_resume(resume_from_checkpoint)  # restores the collected pairs
+    def _prepare_training(self, checkpoint):
+        # the pairs: given, restored from `checkpoint`, or collected now (a preemption signal waits for the end)
         if not self._prepare_pairs():
             return self._end_without_pairs("there is nothing to learn from")
-        # a true post-update reward, unlike turn_1/reward_mean
-        return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
+        return None
 
     def _prepare_pairs(self) -> bool:
         """Before the training loop: collect the pairs (unless given or restored) and precompute their reference

@@ -31,6 +31,7 @@ import torch
 
 from trl_marl.rewards import RewardFunction
 from trl_marl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from trl_marl.trainers.checkpoints import stop_if_preempted
 from trl_marl.trainers.names import TRL_POSITIONAL
 from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin, PreferenceConfig
 from trl_marl.trainers.preference.pairs import PreferencePair
@@ -322,20 +323,21 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         lo = rm.score([p.prompts for p in self.pairs], [p.loser_completions for p in self.pairs])
         return sum(a > b for a, b in zip(w, lo)) / len(w)
 
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        # resuming restores the collected pairs and the fitted reward model (no re-collection, no re-fit), or the
-        # rounds (`RoundDriver.running`)
-        checkpoint = self._restore_for_resume(resume_from_checkpoint)
-        if self.rounds is not None:
-            with self.rounds.running(checkpoint):
-                return self._final_evaluation(super().train(checkpoint, *args, **kwargs))
-        if self.reward_model is None:
-            if self.pairs is None:
-                self.pairs = self.collect_preference_pairs()
-            if not self.pairs:
-                return self._end_without_pairs("no reward model can be fitted")
-            self.fit_reward_model()
-        return self._final_evaluation(super().train(checkpoint, *args, **kwargs))
+    def _training_context(self, checkpoint):
+        return self.rounds.running(checkpoint) if self.rounds is not None else super()._training_context(checkpoint)
+
+    def _prepare_training(self, checkpoint):
+        # resuming restored the collected pairs and the fitted reward model (no re-collection, no re-fit); a
+        # preemption signal is honoured at the end of each phase, with what it produced in the checkpoint
+        if self.rounds is not None or self.reward_model is not None:
+            return None
+        if self.pairs is None:
+            self.pairs = self.collect_preference_pairs()
+        if not self.pairs:
+            return self._end_without_pairs("no reward model can be fitted")
+        stop_if_preempted(self, "after the preference pair collection")
+        self.fit_reward_model()
+        return None
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         # a sharded reward model is gathered on every rank (a collective) before the main process writes it
