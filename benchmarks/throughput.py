@@ -135,7 +135,7 @@ def run_trainer(args) -> dict:
         report_to="none",
         disable_tqdm=True,
         seed=0,
-        advantage_normalization=False,
+        scale_rewards="none",
         max_grad_norm=0.0,
     )
     trainer = MAGRPOTrainer(

@@ -210,3 +210,74 @@ def launch_failure(proc, tail: int = 6000) -> str:
             decisive.extend(lines[max(0, i - 2) : i + 12] if "Fatal Python error" in line else [line])
     head = "\n".join(dict.fromkeys(decisive))[-6000:]
     return f"== decisive lines ==\n{head}\n== stdout tail ==\n{out[-3000:]}\n== stderr tail ==\n{err[-tail:]}"
+
+
+# ------------------------------------------------------------------------------------- agentic teams (scripted)
+CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call><|im_end|>'
+END = "<|im_end|>"
+
+
+def tool_tokenizer(path):
+    """The tiny tokenizer made ready for tool calls: the compact ChatML template, `<|im_end|>` ending a turn."""
+    from transformers import AutoTokenizer
+
+    from trl_marl.environments import use_compact_tool_template
+
+    tok = AutoTokenizer.from_pretrained(path)
+    use_compact_tool_template(tok)
+    tok.eos_token = END
+    return tok
+
+
+def agentic_args(tmp_path, cls=None, **overrides):
+    """A config for fast agentic CPU tests (MAGRPO's unless `cls`): sequential turns, room for a tool call."""
+    from trl_marl import MAGRPOConfig
+
+    cls = cls or MAGRPOConfig
+    defaults = dict(
+        output_dir=str(tmp_path / "out"),
+        num_agents=2,
+        num_generations=2,
+        max_completion_length=128,
+        rollout_buffer_size=2,
+        learning_rate=1e-3,
+        max_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        turn_order="sequential",
+    )
+    defaults.update(overrides)
+    return cls(**defaults)
+
+
+class Scripted:
+    """Replaces a trainer's generation: `policy(agent, prompt_text, continued) -> completion text` (continued: the
+    prompt is a turn resumed after a tool result). Records every call as (agent, number of prompts)."""
+
+    def __init__(self, trainer, policy):
+        self.trainer, self.policy, self.calls = trainer, policy, []
+        trainer.generation.generate = self
+
+    def __call__(self, prompts_per_agent, num_generations, greedy=False):
+        from trl_marl.data_types.rollout import GenerationOutput
+        from trl_marl.generation.engine import prompt_token_ids
+
+        outs = []
+        for i, prompts in enumerate(prompts_per_agent):
+            out = GenerationOutput([], [], [])
+            if prompts:
+                tok = self.trainer.tokenizers[i]
+                self.calls.append((i, len(prompts)))
+                for p, ids in zip(prompts, prompt_token_ids(tok, prompts, None)):
+                    text = tok.decode(ids)
+                    for _ in range(num_generations):
+                        completion = self.policy(i, text, p.token_ids is not None)
+                        cids = tok(completion, add_special_tokens=False)["input_ids"]
+                        out.texts.append(tok.decode(cids, skip_special_tokens=True))
+                        out.prompt_ids.append(torch.tensor(ids))
+                        out.completion_ids.append(torch.tensor(cids))
+            outs.append(out)
+        return outs

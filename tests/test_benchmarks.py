@@ -77,6 +77,7 @@ def _fingerprint(*folders: Path) -> dict[str, str]:
 
 
 SMALLEST = {
+    "agentic.py": ["--prompts", "1", "--repeats", "1", "--max_completion_length", "4"],
     "throughput.py": ["--steps", "1", "--warmup", "0", "--repeats", "1", "--batched_prompts", "2"],
     "grid.py": [
         *("--only", "trainers", "--trainers", "MAPPO"),  # with R (MAGRPO): MAPPO's step 1 timed no generation
@@ -84,6 +85,7 @@ SMALLEST = {
     ],
     "preference.py": ["--items", "2", "--candidates", "2", "--batch", "2"],
     "lora.py": ["--memory_model", "tiny", "--repeats", "1"],
+    "grpo_reuse.py": ["--steps", "1", "--repeats", "1", "--items", "4", "--max_completion_length", "4"],
     "learning_curves.py": [
         *("--tasks", "coordination", "--trainers", "MAGRPO", "--seeds", "0"),
         *("--max_steps", "2", "--eval_interval", "1"),

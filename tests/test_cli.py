@@ -124,7 +124,7 @@ def test_every_command_parses_its_config(tmp_path):
             script_args_cls=recipe.script_args,
             tiny_defaults=recipe.tiny_defaults,
         )
-        assert type(config) is get_algorithm(name).config_class, name
+        assert type(config) is get_algorithm(recipe.algorithm_name).config_class, name
     _, config = parse_recipe_args(RECIPES["madpo-iter"].config_class(), argv=["--output_dir", str(tmp_path)],
                                   tiny_defaults=RECIPES["madpo-iter"].tiny_defaults)  # fmt: skip
     assert config.num_rounds == 2
@@ -342,12 +342,14 @@ def test_resume_and_push_flags_reach_the_trainer(tmp_path, tiny_path):
     dataset, and TRL's names reach the trainer (`model=`, `reward_funcs=`, `peft_config=`)."""
     from types import SimpleNamespace as NS
 
+    from trl_marl.checkpointing.checkpoint import PreemptionHandler
     from trl_marl.cli.recipe_args import parse_recipe_args, run_recipe
 
     class FakeTrainer:
         def __init__(self, **kwargs):
             self.kwargs, self.accelerator = kwargs, NS(is_main_process=True, num_processes=1)
             self.state, self.num_agents = NS(global_step=2), 2
+            self._preemption = PreemptionHandler()  # the CLI handles SIGTERM around train() and the final save
 
         def evaluate_reward(self):
             return {"eval_reward": 0.25}
@@ -394,3 +396,22 @@ def test_unknown_yaml_key_names_the_file_and_the_closest_field(tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["magrpo", "--config", str(config)])
     assert f"unknown key 'num_agentz' in --config {config} (did you mean num_agents?)" in str(exit_info.value.code)
+
+
+def test_a_preference_dataset_on_the_command_line_trains_madpo_without_a_reward(tmp_path):
+    """`trl-marl madpo --dataset_name prefs.jsonl` with TRL's preference columns per agent trains on those pairs (no
+    --reward_funcs, no evaluation); an RL command is pointed at madpo / marlhf instead."""
+    from datasets import Dataset
+
+    rows = [
+        {"prompt_1": f"Q{i}: say hi", "chosen_1": " hi", "rejected_1": " no", "prompt_2": f"Q{i}: bye"}
+        | {"chosen_2": " bye", "rejected_2": " what"}
+        for i in range(4)
+    ]
+    data = tmp_path / "prefs.jsonl"
+    Dataset.from_list(rows).to_json(str(data))
+    out = tmp_path / "out"
+    run_command("madpo", ["--dataset_name", str(data), "--max_steps", "1", "--output_dir", str(out)])
+    assert (out / "agent_2" / "model.safetensors").exists()
+    with pytest.raises(ValueError, match=r"holds preference pairs .*train on them with `trl-marl madpo`"):
+        run_command("magrpo", ["--dataset_name", str(data), "--max_steps", "1", "--output_dir", str(tmp_path / "x")])

@@ -154,3 +154,73 @@ def _tiny():
     from trl_marl.testing import tiny_model_path
 
     return tiny_model_path()
+
+
+# --------------------------------------------------------------------------------- values checked for meaning
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        # strings are never taken as booleans or numbers from Python (bf16="false" was truthy: bf16 on)
+        (dict(bf16="false"), TypeError, r"bf16='false' is a string; bf16 takes True or False \(write False"),
+        (dict(learning_rate="1e-3"), TypeError, r"learning_rate='1e-3' is a string; .*\(write 0.001 without quotes\)"),
+        (dict(agent_learning_rate=[1e-3, "2e-3"]), TypeError, r"agent_learning_rate\[1\]='2e-3' is a string"),
+        (dict(num_agents=True), TypeError, "num_agents=True is a bool; num_agents takes an integer"),
+        (dict(max_steps=1e3), TypeError, "max_steps=1000.0 is a float; max_steps takes an integer"),
+        # non-finite and absurd floats (inf trained NaN weights; 1e-30 a zero gradient)
+        (dict(learning_rate=float("inf")), ValueError, "learning_rate=inf is not a finite number"),
+        (dict(reference_kl_coef=float("inf")), ValueError, "reference_kl_coef=inf is not a finite number"),
+        (dict(agent_learning_rate=[1e-3, float("nan")]), ValueError, r"agent_learning_rate\[1\]=nan is not a finite"),
+        (dict(temperature=float("inf")), ValueError, "temperature=inf is not a finite number"),
+        (dict(temperature=1e-30), ValueError, r"temperature must be in \[0.01, 100\], got 1e-30"),
+        (dict(temperature=0.0), ValueError, r"temperature must be in \[0.01, 100\], got 0.0"),
+        (dict(max_grad_norm=-1.0), ValueError, r"max_grad_norm must be >= 0 \(0: no clipping\)"),
+        (dict(max_steps=0), ValueError, "max_steps must be >= 1, or -1 to train num_train_epochs epochs; got 0"),
+        # per-agent lists (trl_marl.trainers.per_agent), entry by entry; None where the field takes None
+        (dict(num_agents=2, temperature=[0.7, "1.0"]), TypeError, r"temperature\[1\]='1.0' is a string"),
+        (dict(num_agents=2, loss_type="dapo", beta=[0.0, float("nan")]), ValueError, r"beta\[1\]=nan is not a"),
+        (dict(num_agents=2, top_k=[None, 0]), ValueError, r"top_k must be None or >= 1, got 0"),
+    ],
+)
+def test_config_values_are_checked_for_meaning(tmp_path, kwargs, error, message):
+    from trl_marl import MAGRPOConfig
+
+    with pytest.raises(error, match=message):
+        MAGRPOConfig(output_dir=str(tmp_path), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "config, kwargs, message",
+    [
+        ("MADPOConfig", dict(beta=float("inf")), "beta=inf is not a finite number"),
+        ("MAACConfig", dict(value_loss_coef=float("nan")), "value_loss_coef=nan is not a finite number"),
+        ("MARLHFConfig", dict(reward_learning_rate=float("inf")), "reward_learning_rate=inf is not a finite number"),
+    ],
+)
+def test_every_trainer_config_refuses_non_finite_coefficients(tmp_path, config, kwargs, message):
+    import trl_marl
+
+    with pytest.raises(ValueError, match=message):
+        getattr(trl_marl, config)(output_dir=str(tmp_path), **kwargs)
+
+
+def test_the_command_line_and_yaml_still_convert_strings(tmp_path):
+    """Only Python values are checked against the annotations: TrlParser converts the strings of the command line
+    and of a --config YAML file (`learning_rate: 1e-3` is a string to PyYAML) before the config is built."""
+    from trl_marl import MAGRPOConfig
+    from trl_marl.cli.recipe_args import parse_recipe_args
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("learning_rate: 1e-3\nbf16: false\n")
+    _, config = parse_recipe_args(MAGRPOConfig, argv=["--config", str(cfg), "--temperature", "0.5"])
+    assert config.learning_rate == 1e-3 and config.bf16 is False and config.temperature == 0.5
+    assert MAGRPOConfig(output_dir=str(tmp_path), max_grad_norm=float("inf")).max_grad_norm == float("inf")
+
+
+def test_a_task_value_given_in_yaml_is_refused_not_reset(tmp_path, tiny_path):
+    """`num_agents: 3` in a --config file, with the 2-agent built-in task: refused (it used to be reset to 2)."""
+    from trl_marl.cli.recipes import run_command
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"num_agents: 3\noutput_dir: {tmp_path / 'run'}\n")
+    with pytest.raises(ValueError, match=r"--num_agents 3 does not fit the task 'coordination'.*pass --num_agents 2"):
+        run_command("magrpo", ["--config", str(cfg)])

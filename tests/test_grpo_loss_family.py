@@ -622,30 +622,34 @@ def test_bad_input_names_the_field_and_allowed_values():
 
 
 # ---------------------------------------------------------------------------------------------------- the field table
-def test_grpo_config_field_table_covers_every_field():
-    """`docs/_drafts/grpo_config_fields.json` classifies exactly TRL's own `GRPOConfig` fields (those not inherited
-    from `TrainingArguments`), each as supported_in_phase2, maps_to:<an existing MAGRPOConfig field> or
-    not_applicable:<reason>; the draft's table names every field."""
+def test_coming_from_grpo_trainer_table_covers_every_field():
+    """docs/magrpo.md's "Coming from `GRPOTrainer`" table names exactly TRL's own `GRPOConfig` fields (those not
+    inherited from `TrainingArguments`); a row that says "same" names only `MAGRPOConfig` fields, and every other field
+    is one `MAGRPOConfig` refuses with a pointer (`trl_settings`)."""
     import dataclasses
-    import json
+    import re
     from pathlib import Path
 
     import transformers
     from trl import GRPOConfig
 
     from trl_marl import MAGRPOConfig
+    from trl_marl.trainers.trl_settings import TRL_CONFIG_SETTINGS
 
-    drafts = Path(__file__).resolve().parents[1] / "docs" / "_drafts"
-    table = json.loads((drafts / "grpo_config_fields.json").read_text())
+    page = (Path(__file__).resolve().parents[1] / "docs" / "magrpo.md").read_text()
+    section = page.split("## Coming from `GRPOTrainer`", 1)[1].split("\n## ", 1)[0]
     inherited = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     own = [f.name for f in dataclasses.fields(GRPOConfig) if f.name not in inherited]
-    assert list(table) == own
     ours = {f.name for f in dataclasses.fields(MAGRPOConfig)}
-    for name, value in table.items():
-        kind, _, detail = value.partition(":")
-        assert kind in ("supported_in_phase2", "maps_to", "not_applicable"), name
-        assert (kind == "supported_in_phase2") == (detail == ""), name
-        if kind == "maps_to":
-            assert detail in ours, (name, detail)
-    draft = (drafts / "grpo-loss-family.md").read_text()
-    assert all(f"`{name}`" in draft for name in own), [n for n in own if f"`{n}`" not in draft]
+    named = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        first, meaning = line.split("|")[1:3]
+        fields = re.findall(r"`([a-z_0-9]+)`", first)
+        named += fields
+        if meaning.strip().startswith("same"):
+            assert set(fields) <= ours, (fields, "said the same but not MAGRPOConfig fields")
+    assert sorted(named) == sorted(own), set(named) ^ set(own)
+    for name in own:
+        assert name in ours or name in TRL_CONFIG_SETTINGS, name

@@ -49,7 +49,7 @@ def test_magrpo_learns_the_coordination_task(task_trainer):
 )
 def test_baseline_variants_train_and_default_normalization_off(make_args, items, tiny_path, trainer_cls, config_cls):
     args = make_args(config_cls, max_steps=2)
-    assert args.advantage_normalization is False
+    assert args.advantage_normalization is None and not args.seed_zscore
     t = trainer_cls(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     t.train()
     assert t.state.global_step == 2
@@ -59,7 +59,7 @@ def test_variants_differ_from_magrpo_without_normalization(make_args, items, tin
     """Same seed, same samples: MARLOO's update differs from MAGRPO's only through the baseline."""
     weights = []
     for trainer_cls, cfg in ((MAGRPOTrainer, MAGRPOConfig), (MARLOOTrainer, MARLOOConfig)):
-        args = make_args(cfg, max_steps=1, advantage_normalization=False, num_generations=3, learning_rate=1e-2)
+        args = make_args(cfg, max_steps=1, scale_rewards="none", num_generations=3, learning_rate=1e-2)
         t = trainer_cls(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
         t.train()
         weights.append(torch.cat([p.detach().flatten() for p in t.team.agents[0].parameters()]))

@@ -53,12 +53,16 @@ def test_magrpo_recipe_yaml_config(tmp_path, tiny_path):
 
 
 def test_accelerate_launch_madpo_the_main_job(tmp_path, tiny_path):
-    """The README's main command, shortened: `accelerate launch recipes/madpo.py`, no accelerate config file."""
+    """The README's main command, shortened: `accelerate launch --config_file accelerate_configs/single.yaml
+    recipes/madpo.py`. It prints only what a user needs: no warning (progress bars and results only)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONWARNINGS", None)
     cmd = [
         sys.executable,
         "-m",
         "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "accelerate_configs" / "single.yaml"),
         str(ROOT / "recipes" / "madpo.py"),
         "--output_dir",
         str(tmp_path / "launch"),
@@ -69,10 +73,37 @@ def test_accelerate_launch_madpo_the_main_job(tmp_path, tiny_path):
         "--preference_num_candidates",
         "2",
     ]
+    readme = (ROOT / "README.md").read_text()
+    assert "accelerate launch --config_file accelerate_configs/single.yaml recipes/madpo.py" in readme
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "eval reward before training" in proc.stdout and "eval reward after training" in proc.stdout
     assert (tmp_path / "launch" / "agent_1" / "model.safetensors").exists()
+    output = (proc.stdout + proc.stderr).replace("\r", "\n").splitlines()
+    warned = [line for line in output if "warn" in line.lower()]
+    assert not warned, "\n".join(warned)
+
+
+def test_the_marlhf_reward_model_stage_is_quiet(tmp_path, tiny_path, recwarn):
+    """Every MARLHF round loads a reward model under a new head and fits it: it printed transformers' `score.weight
+    MISSING` load report, the `gradient_checkpointing` FutureWarning and torch's `pin_memory` warning."""
+    import logging
+    from types import SimpleNamespace
+
+    from trl_marl.trainers.preference.reward_model import JointRewardModel
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        rm = JointRewardModel.from_pretrained(tiny_path, seed=0)
+        pair = SimpleNamespace(prompts=["a", "b"], winner_completions=["yes", "yes"], loser_completions=["no", "no"])
+        rm.fit([pair] * 4, batch_size=2, output_dir=str(tmp_path / "rm"))
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert [r.getMessage()[:200] for r in records] == []
+    assert [f"{w.category.__name__}: {w.message}" for w in recwarn] == []
 
 
 def test_recipe_under_two_process_ddp(tmp_path, tiny_path):

@@ -12,7 +12,7 @@ def length_reward(c1, c2):
 
 
 def test_a_plain_magrpo_config_sets_the_greedy_baseline(make_args, items, tiny_path):
-    args = make_args(MAGRPOConfig, remax_baseline="greedy", advantage_normalization=False)
+    args = make_args(MAGRPOConfig, remax_baseline="greedy", scale_rewards="none")
     t = MAReMaxTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
     assert t.baseline == "greedy" and t.rollout_engine.greedy_baseline
     with pytest.raises(ValueError, match="remax_baseline='greedy' only applies to MAReMaxTrainer"):
@@ -27,7 +27,7 @@ def test_normalization_that_erases_the_baseline_warns(make_args, items, tiny_pat
         trainer_cls(model=tiny_path, reward_funcs=length_reward, args=make_args(), train_dataset=items)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        args = make_args(advantage_normalization=False)
+        args = make_args(scale_rewards="none")
         trainer_cls(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
 
 

@@ -99,7 +99,16 @@ def test_magrpo_killed_mid_rollout_resumes_exactly(tmp_path, tiny_path, magrpo_f
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "family,kill_at",
-    [("maac", 3), ("iac", 4), ("mappo", 3), ("madpo", 4), ("marlhf", 3), ("madpoiter", None), ("marlhfiter", None)],
+    [
+        ("magrpo_trl", 3),  # inside the second pass over one generation (num_iterations=2)
+        ("maac", 3),
+        ("iac", 4),
+        ("mappo", 3),
+        ("madpo", 4),
+        ("marlhf", 3),
+        ("madpoiter", None),
+        ("marlhfiter", None),
+    ],
 )
 def test_every_family_killed_and_resumed_exactly(family, kill_at, tmp_path, tiny_path):
     kill_and_resume(family, kill_at, tmp_path, tiny_path)

@@ -46,7 +46,7 @@ def test_mareinforce_accepts_one_generation(make_args, items, tiny_path):
         train_dataset=items,
         args=make_args(MAREINFORCEConfig, num_generations=1),
     )
-    assert t.args.advantage_normalization is False
+    assert not t.args.seed_zscore and not t._normalize_advantages()
 
 
 def test_unknown_joint_mode(make_args):
@@ -58,7 +58,7 @@ def test_unknown_joint_mode(make_args):
     "field, value, message",
     [
         ("num_agents", 0, "num_agents must be >= 1"),
-        ("temperature", 0.0, "temperature must be > 0"),
+        ("temperature", 0.0, r"temperature must be in \[0.01, 100\], got 0.0"),
         ("top_p", 1.5, "top_p must be in"),
         ("discount", 1.5, "discount must be in"),
         ("train_batch_size", 3, "train_batch_size \\(3\\) must be >= 1 and divide rollout_buffer_size \\(2\\)"),

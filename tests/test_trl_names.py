@@ -54,14 +54,35 @@ def test_config_alias_and_name_disagreeing_is_an_error(tmp_path):
         MADPOConfig(output_dir=str(tmp_path), beta=0.0)
 
 
-def test_user_set_per_device_train_batch_size_is_refused(tmp_path):
-    """It used to be overwritten silently (16 became 4)."""
-    with pytest.raises(ValueError, match="per_device_train_batch_size=16 would be overwritten.*Set train_batch_size"):
-        MAGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=16, rollout_buffer_size=4)
-    ok = MAGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, rollout_buffer_size=4)
-    assert ok.per_device_train_batch_size == 4
+def test_per_device_train_batch_size_means_train_batch_size_or_is_refused(tmp_path):
+    """It used to be overwritten silently: TrainingArguments' default 8 became 4 while 16 was refused."""
+    for value in (8, 16):  # neither divides rollout_buffer_size=4: refused, never overwritten
+        with pytest.raises(
+            ValueError, match=f"per_device_train_batch_size={value} .*must divide rollout_buffer_size=4"
+        ):
+            MAGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=value, rollout_buffer_size=4)
+    alone = MAGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, rollout_buffer_size=4)
+    assert alone.per_device_train_batch_size == alone.train_batch_size == 2  # it means what it says
+    unset = MAGRPOConfig(output_dir=str(tmp_path), train_batch_size=2, rollout_buffer_size=4)
+    assert unset.per_device_train_batch_size == 2
+    with pytest.raises(ValueError, match="per_device_train_batch_size=2 and train_batch_size=4 disagree"):
+        MAGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, train_batch_size=4)
     with pytest.raises(ValueError, match="preference pairs per step"):
-        MADPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=3)
+        MADPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=3, train_batch_size=4)
+    assert MADPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8).train_batch_size == 8
+
+
+def test_help_and_docs_agree_on_per_device_train_batch_size():
+    from pathlib import Path
+
+    from trl_marl.cli.recipes import make_parser
+
+    help_text = " ".join(make_parser("magrpo").format_help().split())
+    start = help_text.index("--per_device_train_batch_size PER_DEVICE_TRAIN_BATCH_SIZE, ")
+    flag_help = help_text[start : help_text.index("--num_train_epochs NUM_TRAIN_EPOCHS,", start)]
+    assert "the same as train_batch_size" in flag_help and flag_help.rstrip().endswith("(default: None)"), flag_help
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "comparison.md").read_text()
+    assert "a value that differs from `train_batch_size` is refused (never overwritten)" in docs
 
 
 # ---------------------------------------------------------------- trainer arguments

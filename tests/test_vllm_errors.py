@@ -63,12 +63,18 @@ def test_trainer_fails_before_loading_any_model(monkeypatch, make_args, items):
     [
         ({"vllm_mode": "remote"}, r"vllm_mode must be one of \['colocate', 'server'\], got 'remote'"),
         ({"use_vllm": "yes"}, r"use_vllm must be True, False or 'auto', got 'yes'"),
-        ({"use_vllm": "auto", "vllm_mode": "server"}, r"use_vllm='auto' chooses .* for vllm_mode='server' set use_vllm"),
+        (
+            {"use_vllm": "auto", "vllm_mode": "server"},
+            r"use_vllm='auto' chooses .* for vllm_mode='server' set use_vllm",
+        ),
         (
             {"vllm_mode": "server", "vllm_server_base_url": ["http://a:1", "http://b:2", "http://c:3"]},
             r"vllm_server_base_url lists 3 URLs: give one .* or one per agent \(num_agents=2\)",
         ),
-        ({"vllm_mode": "server", "vllm_server_base_url": "localhost:8000"}, r"must be http\(s\) URLs .*'localhost:8000'"),
+        (
+            {"vllm_mode": "server", "vllm_server_base_url": "localhost:8000"},
+            r"must be http\(s\) URLs .*'localhost:8000'",
+        ),
         ({"vllm_mode": "server", "vllm_server_port": 0}, r"vllm_server_port must be a port in 1..65535, got 0"),
         ({"vllm_mode": "server", "vllm_group_port": 70000}, r"vllm_group_port must be a port in 1..65535"),
         ({"vllm_mode": "server", "vllm_server_timeout": 0}, r"vllm_server_timeout must be > 0 seconds, got 0"),

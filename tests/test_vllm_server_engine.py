@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from trl_marl import MAGRPOConfig, MAGRPOTrainer
+from trl_marl import MAGRPOTrainer
 from trl_marl.generation.vllm_client import VLLMServerError
 from trl_marl.generation.vllm_protocol import API_VERSION, GenerateRequest, payload_metadata, prompt_seeds
 from trl_marl.generation.vllm_server import _Handler, _TeamHTTPServer
@@ -46,8 +46,14 @@ class FakeTeam:
             }
             for i in range(self.num_agents)
         ]
-        return {"api_version": API_VERSION, "status": "ready", "layout": self.layout, "num_agents": self.num_agents}
-        | {"model": "fake", "agents": agents}
+        return {
+            "api_version": API_VERSION,
+            "status": "ready",
+            "layout": self.layout,
+            "num_agents": self.num_agents,
+            "model": "fake",
+            "agents": agents,
+        }
 
     def generate(self, body: dict) -> dict:
         n = self.num_agents

@@ -3,6 +3,8 @@
 Run as a script: `resume_run.py FAMILY OUTPUT_DIR TINY_MODEL [--kill-at K] [--signal-at K]`:
   --kill-at K    SIGKILL this process at the end of optimizer step K (no polite stop, no checkpoint of step K);
   --signal-at K  send this process SIGTERM at the end of step K (the preemption path);
+  --signal-in P  send this process SIGTERM when phase P before the training loop starts: `collection` (the
+                 preference pairs of MADPO / MARLHF) or `reward_fit` (MARLHF's reward model); the phase then runs on;
   --no-save      no periodic checkpoints (save_strategy="no");
   --resume       resume from the latest complete checkpoint (the multi-process test).
 The test imports `build` to run the uninterrupted and the resumed runs in its own process.
@@ -19,8 +21,8 @@ import torch
 os.environ.setdefault("CI", "1")
 torch.set_num_threads(1)
 
-FAMILIES = ("magrpo", "maac", "iac", "mappo", "madpo", "marlhf", "madpoiter", "marlhfiter")
-MAX_STEPS = {"magrpo": 6, "maac": 6, "iac": 6, "mappo": 6, "madpo": 6, "marlhf": 6}
+FAMILIES = ("magrpo", "magrpo_trl", "maac", "iac", "mappo", "madpo", "marlhf", "madpoiter", "marlhfiter")
+MAX_STEPS = {"magrpo": 6, "magrpo_trl": 6, "maac": 6, "iac": 6, "mappo": 6, "madpo": 6, "marlhf": 6}
 
 
 def reward(c1, c2):
@@ -62,6 +64,9 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = 
     kw = dict(model=tiny, reward_funcs=reward, train_dataset=items(), callbacks=callbacks)
     if family == "magrpo":
         return tm.MAGRPOTrainer(args=tm.MAGRPOConfig(**common, **rl), **kw)
+    if family == "magrpo_trl":  # TRL's loss: each generation's old / reference log-probs in the resume state
+        trl = dict(loss_type="dapo", beta=0.04, num_iterations=2)
+        return tm.MAGRPOTrainer(args=tm.MAGRPOConfig(**common, **rl, **trl), **kw)
     if family == "maac":
         return tm.MAACTrainer(critic_model=tiny, args=tm.MAACConfig(**common, **rl), **kw)
     if family == "iac":
@@ -100,6 +105,17 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGTERM)  # handled: the trainer finishes this step and checkpoints
 
     trainer = build(family, out, tiny, callbacks=[Die()], save="--no-save" not in rest)
+    if "--signal-in" in rest:
+        phase = {"collection": "collect_preference_pairs", "reward_fit": "fit_reward_model"}[
+            rest[rest.index("--signal-in") + 1]
+        ]
+        run_phase = getattr(trainer, phase)
+
+        def signalled(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)  # handled: the phase runs to its end, then the trainer checkpoints
+            return run_phase(*args, **kwargs)
+
+        setattr(trainer, phase, signalled)
     trainer.train(resume_from_checkpoint=True if "--resume" in rest else None)
     if trainer.accelerator.num_processes > 1:
         trainer.accelerator.wait_for_everyone()

@@ -5,7 +5,7 @@ call it per agent, on that agent's tokens, and train with factor 1 what `GRPOTra
 
 | TRL 1.16 (`grpo_trainer.py`) | here |
 |---|---|
-| advantages in `_generate_and_score_completions` (lines ~2765-2815) | `scale_advantages`, `multi_objective_advantages` |
+| advantages in `_generate_and_score_completions` (lines ~2765-2815) | `scale_advantages`, `multi_objective_advantages` (and `scale_baseline_advantages` for trl_marl's other baselines) |
 | `mask_truncated_completions` (lines ~2465-2474) | `truncated_completions`, `mask_truncated_completions` |
 | vLLM importance-sampling correction (lines ~2649-2690, metrics ~2860-2895) | `vllm_importance_sampling_ratio`, `vllm_importance_sampling_metrics` |
 | `get_high_entropy_mask` (line 1380) | `high_entropy_mask` |
@@ -40,6 +40,7 @@ __all__ = [
     "group_ids",
     "group_reward_stats",
     "scale_advantages",
+    "scale_baseline_advantages",
     "frac_reward_zero_std",
     "weighted_reward_sum",
     "multi_objective_advantages",
@@ -245,6 +246,32 @@ def scale_advantages(rewards: torch.Tensor, groups: int | torch.Tensor, scale_re
     return torch.nan_to_num(adv, nan=0.0)
 
 
+def scale_baseline_advantages(
+    advantages: torch.Tensor,
+    rewards: torch.Tensor,
+    groups: int | torch.Tensor,
+    scale_rewards: str = "group",
+    batch_std: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """TRL's `scale_rewards` on advantages built with any baseline b (trl_marl's REINFORCE family):
+
+        A'_j = A_j                                  (scale_rewards="none")
+        A'_j = A_j / (std + 1e-4)                   ("group": std of r in the group; "batch": std of the batch)
+
+    with `std` as in `group_reward_stats` (Bessel-corrected, NaN-ignoring; a group of one has std 0). With the group
+    mean as the baseline, `A_j = r_j - mean_g`, this is exactly `scale_advantages`. `batch_std` replaces the batch's
+    std when the batch spans several processes (the std of the whole generation batch, as TRL gathers it).
+    """
+    _choice("scale_rewards", scale_rewards, SCALE_REWARDS)
+    adv = advantages.to(torch.float32).flatten()
+    if scale_rewards == "none":
+        return torch.nan_to_num(adv, nan=0.0)
+    _, std = group_reward_stats(rewards, groups, scale_rewards)
+    if scale_rewards == "batch" and batch_std is not None:
+        std = torch.full_like(std, float(batch_std))
+    return torch.nan_to_num(adv / (std + ADVANTAGE_STD_EPS), nan=0.0)
+
+
 def frac_reward_zero_std(
     rewards: torch.Tensor, groups: int | torch.Tensor, scale_rewards: str = "group"
 ) -> torch.Tensor:
@@ -322,15 +349,17 @@ def truncated_completions(
 ) -> torch.Tensor:
     """`(B,)` bool: a completion is truncated when its LAST generated token (the last position with mask 1) is
     neither an EOS token nor the pad token (TRL: `ids[-1] not in [*eos_token_ids, pad_token_id]`). An empty
-    completion counts as not truncated."""
+    completion counts as not truncated. The mask may have holes (tool-result tokens of an agentic turn, 0 between
+    generated tokens): the last 1 is what counts."""
     stop = torch.as_tensor(
         [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids), device=completion_ids.device
     )
     stop = torch.cat([stop, torch.as_tensor([pad_token_id], device=completion_ids.device)])
-    m = completion_mask.to(torch.long)
-    length = m.sum(dim=1)
-    last = completion_ids.gather(1, (length - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    return (length > 0) & ~torch.isin(last, stop)
+    m = completion_mask.bool()
+    positions = torch.arange(m.shape[1], device=m.device).expand_as(m)
+    last_index = torch.where(m, positions, torch.full_like(positions, -1)).max(dim=1).values
+    last = completion_ids.gather(1, last_index.clamp(min=0).unsqueeze(1)).squeeze(1)
+    return (last_index >= 0) & ~torch.isin(last, stop)
 
 
 def mask_truncated_completions(completion_mask: torch.Tensor, is_truncated: torch.Tensor) -> torch.Tensor:

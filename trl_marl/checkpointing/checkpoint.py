@@ -16,6 +16,7 @@ checkpoint routine (counted over the process's lifetime); `set_write_hook(fn)` c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ import pickle
 import re
 import shutil
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -352,18 +353,20 @@ def _complete_checkpoints(output_dir: str) -> list[str]:
 
 
 class PreemptionHandler:
-    """Turns SIGTERM / SIGUSR1 into a flag the trainer reads at the end of each optimizer step (installed for the
-    duration of `train()`; the previous handlers are restored afterwards)."""
+    """Turns SIGTERM / SIGUSR1 into a flag the trainer reads at its safe points (the end of each optimizer step, the
+    end of each phase before the training loop), while a `covering()` block runs (all of `train()`; the CLI adds its
+    final evaluation and save); the previous handlers are restored afterwards."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None  # the signal this process received
-        self.stop_now = False  # set at a step end when any process received one (every process stops there)
+        self.stop_now = False  # set at a safe point when any process received one (every process stops there)
         self._previous: dict[int, object] = {}
+        self._depth = 0
 
     def _handle(self, signum, frame) -> None:
         self.signal_name = signal.Signals(signum).name
         logger.warning(
-            "received %s: finishing the current optimizer step, then saving a checkpoint and exiting with status %d",
+            "received %s: finishing the current step, then saving and exiting with status %d",
             self.signal_name,
             PREEMPTED_EXIT_CODE,
         )
@@ -371,6 +374,25 @@ class PreemptionHandler:
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
+
+    @property
+    def nested(self) -> bool:
+        """Whether the current `covering()` block runs inside another one (whose end handles a late signal)."""
+        return self._depth > 1
+
+    @contextlib.contextmanager
+    def covering(self) -> Iterator[PreemptionHandler]:
+        """Handle the signals for the block. Re-entrant: a block inside another keeps the outer block's handlers and
+        flags (a signal received in the inner block is still seen by the outer one)."""
+        if self._depth == 0:
+            self.install()
+        self._depth += 1
+        try:
+            yield self
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.uninstall()
 
     def install(self) -> None:
         import threading
@@ -394,7 +416,13 @@ RESUME_STATE_FILE = "trl_marl_state_rank{rank}.pt"
 TRUSTED_ENV = "TRL_MARL_TRUSTED_CHECKPOINTS"
 
 
-def save_checkpoint_atomically(trainer, trial=None, identity: dict | None = None) -> str:
+def save_checkpoint_atomically(
+    trainer,
+    trial=None,
+    identity: dict | None = None,
+    with_optimizer: bool = True,
+    save_model: Callable[[str], None] | None = None,
+) -> str:
     """`transformers.Trainer._save_checkpoint`, made crash-safe (see the module docstring).
 
     Reuses the Trainer's own pieces (`save_model`, `_save_optimizer_and_scheduler`, `_save_scaler`,
@@ -402,6 +430,11 @@ def save_checkpoint_atomically(trainer, trial=None, identity: dict | None = None
     adds each process's resume state (`trainer._resume_state()`) and the trainer's `_save_checkpoint_extra(folder)`;
     commits (fsync, marker with every file's SHA-256 and the writer's `identity`, rename); only then pushes and
     rotates. Returns the final folder.
+
+    `with_optimizer=False` leaves the optimizer and scheduler out (a checkpoint written before the first optimizer
+    step, which also is not pushed); `save_model(folder)` replaces `trainer.save_model` for the team. A save that
+    fails (a full disk) removes its staging folder and raises `SaveError` naming the path, the bytes needed and free,
+    and the checkpoint left intact.
     """
     from transformers.trainer_utils import rotate_checkpoints
 
@@ -416,17 +449,28 @@ def save_checkpoint_atomically(trainer, trial=None, identity: dict | None = None
         trainer.store_flos()
     syncer = _Syncer(staging)
     try:
-        trainer.save_model(staging, _internal_call=True)
+        if save_model is None:
+            trainer.save_model(staging, _internal_call=True)
+        else:
+            save_model(staging)
         write_point("model")
         syncer.submit_new()  # the agents go to disk while the optimizer is serialized
-        if not args.save_only_model:
+        if with_optimizer and not args.save_only_model:
             trainer._save_optimizer_and_scheduler(staging)
             trainer._save_scaler(staging)
             write_point("optimizer")
             syncer.submit_new()
+        if not args.save_only_model or not with_optimizer:
             trainer._save_rng_state(staging)
             write_point("rng")
         _save_rest(trainer, staging, final, syncer, identity)
+    except Exception as exc:
+        syncer.abandon()
+        if args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)  # a partial checkpoint must not fill the disk
+        if isinstance(exc, CheckpointError):
+            raise
+        raise _checkpoint_save_error(trainer, run_dir, final, exc, with_optimizer) from exc
     except BaseException:
         syncer.abandon()
         raise
@@ -436,7 +480,7 @@ def save_checkpoint_atomically(trainer, trial=None, identity: dict | None = None
         os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
     ):
         state.best_model_checkpoint = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
-    if args.push_to_hub:
+    if args.push_to_hub and with_optimizer:
         trainer._push_from_checkpoint(final)
     if args.should_save:
         rotate_checkpoints(
@@ -447,6 +491,23 @@ def save_checkpoint_atomically(trainer, trial=None, identity: dict | None = None
         )
         write_point("rotate")
     return final
+
+
+def _checkpoint_save_error(trainer, run_dir: str, final: str, exc: Exception, with_optimizer: bool) -> Exception:
+    """A failed checkpoint write as a `SaveError` (path, bytes needed and free, the checkpoint left intact); errors
+    that are not about writing (a bug in a trainer's extra state) pass through unchanged."""
+    from trl_marl.checkpointing.space import failed_save, is_write_failure, save_sizes
+
+    if not is_write_failure(exc):
+        return exc
+    latest = latest_complete_checkpoint(run_dir, warn=False)
+    intact = (
+        f"The partial checkpoint was removed; {latest}, the latest complete checkpoint, is intact."
+        if latest
+        else "The partial checkpoint was removed; there is no earlier complete checkpoint."
+    )
+    sizes = save_sizes(trainer.team, trainer.is_deepspeed_enabled)
+    return failed_save(final, exc, sizes, with_optimizer, intact + " Free some space, then resume.")
 
 
 def _save_rest(trainer, staging: str, final: str, syncer: _Syncer, identity: dict | None) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "parse_recipe_args",
     "resume_argument",
     "run_recipe",
+    "train_and_save",
     "explicit_flags",
     "import_object",
     "load_recipe_dataset",
@@ -408,6 +409,9 @@ def run_recipe(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from trl import get_peft_config
 
+    from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin
+    from trl_marl.trainers.preference.preference_data import looks_like_preference_data
+
     if recipe_args.dataset_name:
         train, test = load_recipe_dataset(recipe_args)
         task_reward, task_formatters, transition, metrics_cb, data_name = None, None, None, None, None
@@ -426,8 +430,19 @@ def run_recipe(
         transition, metrics_cb, data_name = task.external_transition, task.metrics_callback, task.name
     n = config.num_agents
     reward = recipe_reward(recipe_args, n) or task_reward
-    if reward is None:
+    # a dataset of preference pairs (TRL's columns per agent, docs/offline-preference.md) trains the preference
+    # trainers on exactly its pairs, with no reward; evaluation needs a reward, so it runs only with --reward_funcs
+    preference_data = bool(recipe_args.dataset_name) and looks_like_preference_data(train)
+    if preference_data and not issubclass(trainer_cls, PreferenceCollectionMixin):
+        raise ValueError(
+            f"--dataset_name {recipe_args.dataset_name} holds preference pairs (prompt / chosen / rejected columns): "
+            "train on them with `trl-marl madpo` or `trl-marl marlhf`; the RL commands need task items and "
+            "--reward_funcs"
+        )
+    if reward is None and not preference_data:
         raise ValueError("--dataset_name needs --reward_funcs module:function (the team reward)")
+    if reward is None:
+        test = None  # no task reward to evaluate with
     team: dict[str, Any]
     if recipe_args.agent_models:
         team = {"agents": list(recipe_args.agent_models)}
@@ -452,38 +467,51 @@ def run_recipe(
     if extra_trainer_kwargs is not None:
         kwargs.update(extra_trainer_kwargs(recipe_args))
     trainer = trainer_cls(**kwargs)
-    main = trainer.accelerator.is_main_process
     label = f"task={data_name}" if data_name else f"dataset={recipe_args.dataset_name}"
+    return train_and_save(trainer, config, label, test is not None, recipe_args.dataset_name)
+
+
+def train_and_save(trainer: Any, config: Any, label: str, evaluate: bool, dataset_name: str | None = None) -> Any:
+    """What every recipe does with its trainer: the evaluation reward before (unless resuming) and after training
+    (with an eval dataset), training (resuming from `config.resume_from_checkpoint`), saving the team to
+    `output_dir` and pushing it with `push_to_hub`. Exits with status 1 when no training step was taken."""
+    main = trainer.accelerator.is_main_process
     resume = resume_argument(config.resume_from_checkpoint)
-    before = trainer.evaluate_reward()["eval_reward"] if test is not None and not resume else None
+    before = trainer.evaluate_reward()["eval_reward"] if evaluate and not resume else None
     if main and before is not None:
         print(f"[trl_marl] {label} eval reward before training: {before:.4f}")
-    out = trainer.train(resume_from_checkpoint=resume)
-    if trainer.state.global_step == 0:  # e.g. MADPO collected no preference pair: nothing was learnt
+    # SIGTERM / SIGUSR1 from the start of train() to the end of the save below: inside train() the trainer writes a
+    # checkpoint at its next safe point; after it, the evaluation and the save finish, then the run exits with 75
+    from trl_marl.trainers.checkpoints import preemption_covered
+
+    saved = f"the trained team is saved in {config.output_dir}"
+    with preemption_covered(trainer, saved):
+        out = trainer.train(resume_from_checkpoint=resume)
+        if trainer.state.global_step == 0:  # e.g. MADPO collected no preference pair: nothing was learnt
+            if main:
+                print(
+                    f"[trl_marl] error: {trainer._name} took no training step (see the warning above); nothing was "
+                    f"saved to {config.output_dir}",
+                    file=sys.stderr,
+                )
+            _end_processes(trainer)
+            raise SystemExit(1)
+        after = (out.metrics or {}).get("eval_reward") if out is not None else None
+        if after is None and evaluate:  # trainers that do not evaluate at the end of train()
+            after = trainer.evaluate_reward()["eval_reward"]
+        if main and after is not None:
+            since = f" (before: {before:.4f})" if before is not None else ""
+            print(f"[trl_marl] {label} eval reward after training:  {after:.4f}{since}")
+        trainer.save_model(config.output_dir)
         if main:
-            print(
-                f"[trl_marl] error: {trainer._name} took no training step (see the warning above); nothing was "
-                f"saved to {config.output_dir}",
-                file=sys.stderr,
-            )
-        _end_processes(trainer)
-        raise SystemExit(1)
-    after = (out.metrics or {}).get("eval_reward") if out is not None else None
-    if after is None and test is not None:  # trainers that do not evaluate at the end of train()
-        after = trainer.evaluate_reward()["eval_reward"]
-    if main and after is not None:
-        since = f" (before: {before:.4f})" if before is not None else ""
-        print(f"[trl_marl] {label} eval reward after training:  {after:.4f}{since}")
-    trainer.save_model(config.output_dir)
-    if main:
-        n = trainer.num_agents
-        what = f"{n} agent models ({', '.join(f'agent_{i + 1}/' for i in range(n))})"
-        if getattr(trainer, "num_roles", n) != n:  # centralized: ONE model writes every role
-            what = f"1 centralized model (agent_1/) that writes all {trainer.num_roles} roles"
-        print(f"[trl_marl] saved {what} and team.json to {config.output_dir}")
+            n = trainer.num_agents
+            what = f"{n} agent models ({', '.join(f'agent_{i + 1}/' for i in range(n))})"
+            if getattr(trainer, "num_roles", n) != n:  # centralized: ONE model writes every role
+                what = f"1 centralized model (agent_1/) that writes all {trainer.num_roles} roles"
+            print(f"[trl_marl] saved {what} and team.json to {config.output_dir}")
     if config.push_to_hub:
         # a Hub dataset only when the data came from one (a built-in task is no Hub dataset: the card names none)
-        trainer.push_to_hub(dataset_name=recipe_args.dataset_name)
+        trainer.push_to_hub(dataset_name=dataset_name)
     trainer.before_reward, trainer.after_reward = before, after
     _end_processes(trainer)
     return trainer

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trl_marl.cli.agentic import AGENTIC_DEFAULTS, AGENTIC_TINY_DEFAULTS, run_agentic
 from trl_marl.cli.recipe_args import RecipeArguments, critic_source, explicit_flags, parse_recipe_args, run_recipe
 from trl_marl.trainers.registry import algorithms, get_algorithm
 
-__all__ = ["Recipe", "RECIPES", "MAGRPOScriptArguments", "make_parser", "run_command"]
+__all__ = ["Recipe", "RECIPES", "MAGRPOScriptArguments", "AgenticScriptArguments", "make_parser", "run_command"]
 
 # the tiny model's no-argument MADPO run: ~256 pairs from 64 items, 4 epochs
 MADPO_TINY_DEFAULTS = {
@@ -54,6 +55,23 @@ class MAGRPOScriptArguments(RecipeArguments):
     )
 
 
+@dataclass
+class AgenticScriptArguments(MAGRPOScriptArguments):
+    """`MAGRPOScriptArguments` plus the environment of `trl-marl agentic` (`trl_marl.cli.agentic`).
+
+    Parameters:
+        environment: `signal` (the built-in signalling game), `textarena:GAME` (e.g. `textarena:TicTacToe-v0`), or
+            an import path `module:factory` to an environment factory (TRL's `environment_factory`).
+        num_items: training items of the built-in game (or seeds of a TextArena game); evaluation has 16 more,
+            drawn with another seed.
+    """
+
+    environment: str = field(
+        default="signal", metadata={"help": "signal, textarena:GAME, or module:factory (an environment_factory)."}
+    )
+    num_items: int = field(default=64, metadata={"help": "Training items of the built-in game, or TextArena seeds."})
+
+
 def _critic_kwargs(recipe_args: RecipeArguments) -> dict[str, Any]:
     return {"critic_model": critic_source(recipe_args)}
 
@@ -68,12 +86,16 @@ class Recipe:
     """One training command.
 
     Attributes:
-        name: the registered algorithm (`trl_marl.trainers.registry`) it trains, the subcommand (`trl-marl <name>`)
-            and the default `output_dir` (`outputs/<name>`).
+        name: the subcommand (`trl-marl <name>`) and the default `output_dir` (`outputs/<name>`); also the registered
+            algorithm (`trl_marl.trainers.registry`) it trains unless `algorithm` names another.
         help: one line for `trl-marl --help`.
         tiny_defaults: defaults of the no-model run on the tiny local model (flags the user sets win).
         script_args: the script-arguments dataclass.
         trainer_kwargs: extra trainer keyword arguments from the script arguments and config (critics).
+        algorithm: the registered algorithm it trains, when not `name` (`agentic` trains the MAGRPO family).
+        defaults: defaults of every run of the command (flags the user sets win).
+        run: `run(trainer_cls, script_args, config)` builds and trains instead of `run_recipe` (a command that is not
+            a task or dataset run).
     """
 
     name: str
@@ -81,12 +103,19 @@ class Recipe:
     tiny_defaults: dict[str, Any] = field(default_factory=dict)
     script_args: type = RecipeArguments
     trainer_kwargs: Callable[[RecipeArguments, Any], dict[str, Any]] | None = None
+    algorithm: str | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    run: Callable[[type, Any, Any], Any] | None = None
+
+    @property
+    def algorithm_name(self) -> str:
+        return self.algorithm or self.name
 
     def config_class(self) -> type:
-        return get_algorithm(self.name).config_class
+        return get_algorithm(self.algorithm_name).config_class
 
     def trainer_class(self) -> type:
-        return get_algorithm(self.name).trainer_class
+        return get_algorithm(self.algorithm_name).trainer_class
 
 
 def _marlhf_kwargs(recipe_args: RecipeArguments, config: Any) -> dict[str, Any]:
@@ -124,6 +153,11 @@ RECIPES: dict[str, Recipe] = {
             "marlhf-iter", "iterative MARLHF (rounds, comparator, replay)",
             tiny_defaults={**MARLHF_TINY_DEFAULTS, **ITER_TINY_DEFAULTS}, trainer_kwargs=_marlhf_kwargs,
         ),
+        Recipe(
+            "agentic", "agentic teams (tools, a shared environment: the signalling game, TextArena; MAGRPO family)",
+            tiny_defaults=AGENTIC_TINY_DEFAULTS, script_args=AgenticScriptArguments, algorithm="magrpo",
+            defaults=AGENTIC_DEFAULTS, run=run_agentic,
+        ),
     )
 }  # fmt: skip
 
@@ -145,7 +179,7 @@ def run_command(name: str, argv: list[str] | None = None, description: str | Non
     recipe = RECIPES[name]
     script_args, config = parse_recipe_args(
         recipe.config_class(),
-        defaults={"output_dir": f"outputs/{name}"},
+        defaults={"output_dir": f"outputs/{name}", **recipe.defaults},
         argv=argv,
         script_args_cls=recipe.script_args,
         tiny_defaults=recipe.tiny_defaults,
@@ -158,6 +192,8 @@ def run_command(name: str, argv: list[str] | None = None, description: str | Non
         trainer_cls = get_algorithm(BASELINE_ALGORITHMS[baseline]).trainer_class
         if "advantage_normalization" not in explicit_flags(argv):
             config.advantage_normalization = False  # with it on, every baseline is MAGRPO (see docs/magrpo.md)
+    if recipe.run is not None:
+        return recipe.run(trainer_cls, script_args, config)
     extra = recipe.trainer_kwargs
     return run_recipe(
         trainer_cls, script_args, config, extra_trainer_kwargs=None if extra is None else lambda a: extra(a, config)

@@ -15,7 +15,8 @@ class AgentBatch:
     """One agent's batch of prompt + completion sequences, laid out for a single masked forward pass.
 
     `input_ids = [left-padded prompt | right-padded completion]`; `completion_mask` marks the scored completion
-    tokens (up to and including the first EOS).
+    tokens (up to and including the first EOS; tool-result tokens inside an agentic turn are attended to but not
+    scored: 0, TRL's `completion_mask * tool_mask`).
     """
 
     input_ids: torch.Tensor  # (B, P + C)
@@ -34,11 +35,18 @@ class AgentBatch:
 
 
 def collate_agent_batch(
-    prompt_ids: Sequence[torch.Tensor], completion_ids: Sequence[torch.Tensor], pad_token_id: int
+    prompt_ids: Sequence[torch.Tensor],
+    completion_ids: Sequence[torch.Tensor],
+    pad_token_id: int,
+    tool_masks: Sequence[torch.Tensor | None] | None = None,
 ) -> AgentBatch:
-    """Build an `AgentBatch` from unpadded prompt and completion token ids (completions include their EOS)."""
+    """Build an `AgentBatch` from unpadded prompt and completion token ids (completions include their EOS).
+    `tool_masks` (one per row, `Sample.tool_mask`; None for a row the agent generated whole) zero the inserted
+    tokens of `completion_mask`."""
     if len(prompt_ids) != len(completion_ids):
         raise ValueError("prompt_ids and completion_ids must have the same length")
+    if tool_masks is not None and len(tool_masks) != len(completion_ids):
+        raise ValueError("tool_masks must have one entry (or None) per completion")
     B = len(prompt_ids)
     P = max(int(p.numel()) for p in prompt_ids)
     C = max(max(int(c.numel()) for c in completion_ids), 1)
@@ -53,7 +61,7 @@ def collate_agent_batch(
         input_ids[r, P : P + lc] = c
         attention[r, P : P + lc] = 1
         comp[r, :lc] = c
-        cmask[r, :lc] = 1
+        cmask[r, :lc] = 1 if tool_masks is None or tool_masks[r] is None else tool_masks[r]
     return AgentBatch(input_ids, attention, comp, cmask)
 
 

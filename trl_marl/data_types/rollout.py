@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["GenerationOutput", "Sample", "Node", "Rollout"]
+__all__ = ["GenerationOutput", "Sample", "Node", "Rollout", "generated_tokens"]
 
 
 @dataclass
@@ -39,6 +39,23 @@ class Sample:
     prompt_ids: torch.Tensor
     completion_ids: torch.Tensor
     penalty: float = 0.0  # e.g. reference-KL penalty subtracted from this agent's reward
+    # the sampler's log-prob of each completion token, when the engine reports them (vLLM; NaN: not scored)
+    sampling_logprobs: torch.Tensor | None = None
+    # per completion token, 1 where the agent generated it and 0 where it was inserted (a tool result between two
+    # generations of an agentic turn, TRL's `tool_mask`): 0 tokens are masked out of the loss. None: all generated.
+    tool_mask: torch.Tensor | None = None
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """The completion tokens the agent generated (`generated_tokens`)."""
+        return generated_tokens(self)
+
+
+def generated_tokens(sample: Sample) -> int:
+    """The completion tokens an agent generated: inserted tokens (`tool_mask` 0) are not counted, as TRL counts
+    completion lengths. Reads `completion_ids` and, when the sample has one, `tool_mask`."""
+    mask = getattr(sample, "tool_mask", None)
+    return int(sample.completion_ids.numel() if mask is None else mask.sum())
 
 
 @dataclass
@@ -56,6 +73,8 @@ class Node:
     joint: list[tuple[int, ...]] = field(default_factory=list)  # per joint action, the sample index k per agent
     rewards: torch.Tensor | None = None  # (J,) or (J, n) processed rewards
     raw_rewards: torch.Tensor | None = None
+    # each reward function's raw rewards of the J joint actions (name -> (J,)), TRL's `rewards_per_func`
+    reward_components: dict[str, torch.Tensor] | None = None
     children: dict[int, int] = field(default_factory=dict)  # joint index -> child node id
     terminated: bool = False
     greedy_reward: float | None = None  # reward of the greedy joint action (ReMax's baseline), when sampled
@@ -73,6 +92,9 @@ class Rollout:
     joint_mode: str
     env_steps: int = 0
     reward_seconds: float = 0.0  # wall time spent inside the reward function
+    # what the rollout engine measured beside the tree (agentic rollouts: per-agent tool calls and failures, episode
+    # length, environment reward), logged as is
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def nodes_of_items(self, items: Sequence[int]) -> list[Node]:
         keep = set(items)

@@ -10,9 +10,19 @@ __all__ = ["PromptText", "UNKNOWN_EOS", "CompletionText"]
 
 
 class PromptText(str):
-    """A prompt string that remembers whether a chat template produced it (then no special tokens are added)."""
+    """A prompt string that remembers whether a chat template produced it (then no special tokens are added) and,
+    for a prompt given as tokens, its exact token ids (`PromptText.of_ids`)."""
 
     chat: bool = False
+    token_ids: list[int] | None = None  # when set, generation engines use these ids instead of tokenizing the text
+
+    @classmethod
+    def of_ids(cls, text: str, token_ids: list[int]) -> PromptText:
+        """A prompt given as token ids (`text` is what they decode to, for records): an agent's turn continued after
+        a tool result is generated from prompt + completion + tool-result ids, never re-tokenized (as TRL does)."""
+        prompt = cls(text)
+        prompt.chat, prompt.token_ids = True, list(token_ids)
+        return prompt
 
 
 class _Unknown:

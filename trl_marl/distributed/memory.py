@@ -263,17 +263,20 @@ class TrainingShape:
         """The shape of a trainer config (`MAGRPOConfig`, `MAPPOConfig`, ...), or of a `TrainingShape`."""
         if isinstance(config, TrainingShape):
             return config
+        length = config.max_completion_length  # one value, or one per agent (the MAGRPO family)
+        beta = getattr(config, "beta", 0.0) if getattr(config, "uses_trl_loss", False) else 0.0  # TRL's loss-side KL
         return cls(
             num_agents=int(config.num_agents),
             num_generations=int(getattr(config, "num_generations", 1) or 1),
             rollout_buffer_size=int(config.rollout_buffer_size),
             train_batch_size=getattr(config, "train_batch_size", None),
             max_prompt_length=getattr(config, "max_prompt_length", None),
-            max_completion_length=int(config.max_completion_length),
+            max_completion_length=int(max(length) if isinstance(length, (list, tuple)) else length),
             bf16=bool(getattr(config, "bf16", False)),
             gradient_checkpointing=bool(getattr(config, "gradient_checkpointing", False)),
             share_base_model=bool(getattr(config, "share_base_model", False)),
-            reference_kl=bool(getattr(config, "reference_kl_enabled", False)),
+            reference_kl=bool(getattr(config, "reference_kl_enabled", False))
+            or any(b > 0 for b in (beta if isinstance(beta, (list, tuple)) else [beta])),
             num_critics=int(getattr(config, "num_critics", 1))
             if getattr(config, "uses_separate_critics", False)
             else 0,

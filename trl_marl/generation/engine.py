@@ -21,7 +21,7 @@ from torch import nn
 from trl_marl.data_types.rollout import GenerationOutput
 from trl_marl.data_types.text import PromptText
 
-__all__ = ["GenerationEngine", "GenerationUnavailable", "SamplingSettings"]
+__all__ = ["GenerationEngine", "GenerationUnavailable", "SamplingSettings", "prompt_token_ids"]
 
 
 class GenerationUnavailable(RuntimeError):
@@ -31,13 +31,17 @@ class GenerationUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """The sampling settings of a run (TRL's names, as `MultiAgentConfig` holds them).
+    """The sampling settings of one agent (TRL's names, as the trainer configs hold them).
 
     Attributes:
         max_completion_length: the most tokens a completion may have.
         max_prompt_length: prompts are cut to their last `max_prompt_length` tokens; None keeps them whole.
         temperature, top_p, top_k: nucleus / top-k sampling (`top_k=None` disables it); greedy decoding ignores
             them.
+        min_p: minimum token probability relative to the most likely token (None: off).
+        repetition_penalty: transformers' / vLLM's repetition penalty (1.0: off).
+        generation_kwargs: more keyword arguments of the backend's sampling settings (transformers'
+            `GenerationConfig` or vLLM's `SamplingParams`); they override the fields above, as in TRL.
     """
 
     max_completion_length: int
@@ -45,20 +49,62 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    generation_kwargs: dict[str, Any] | None = None
 
     @classmethod
-    def from_config(cls, args: Any) -> SamplingSettings:
-        """The settings of a trainer config (any object with these fields)."""
-        return cls(args.max_completion_length, args.max_prompt_length, args.temperature, args.top_p, args.top_k)
+    def from_config(cls, args: Any, agent: int = 0) -> SamplingSettings:
+        """Agent `agent`'s settings in a trainer config: its fields, each one value or one per agent (`min_p`,
+        `repetition_penalty` and `generation_kwargs` where the config has them)."""
+
+        def value(name: str, default: Any = None) -> Any:
+            v = getattr(args, name, default)
+            return (v[0] if len(v) == 1 else v[agent]) if isinstance(v, (list, tuple)) else v
+
+        return cls(
+            value("max_completion_length"),
+            args.max_prompt_length,
+            value("temperature"),
+            value("top_p"),
+            value("top_k"),
+            value("min_p"),
+            value("repetition_penalty", 1.0),
+            value("generation_kwargs"),
+        )
+
+    @classmethod
+    def per_agent(cls, args: Any) -> list[SamplingSettings]:
+        """Every agent's settings (`from_config` for agent 0 .. `args.num_agents - 1`)."""
+        return [cls.from_config(args, i) for i in range(args.num_agents)]
+
+
+def prompt_token_ids(tokenizer: Any, prompts: Sequence[PromptText], max_prompt_length: int | None) -> list[list[int]]:
+    """The token ids an engine generates from: a prompt's own `token_ids` when it carries them
+    (`PromptText.of_ids`), else the tokenized text (no special tokens after a chat template), left-cut to
+    `max_prompt_length`."""
+    if not prompts:
+        return []
+    given = [getattr(p, "token_ids", None) for p in prompts]  # plain strings are prompts too
+    text_rows = [i for i, ids in enumerate(given) if ids is None]
+    rows: list[list[int]] = [list(ids) if ids is not None else [] for ids in given]
+    if text_rows:
+        chat = getattr(prompts[text_rows[0]], "chat", False)
+        encoded = tokenizer([str(prompts[i]) for i in text_rows], add_special_tokens=not chat)["input_ids"]
+        for i, ids in zip(text_rows, encoded):
+            rows[i] = list(ids)
+    return [r[-max_prompt_length:] if max_prompt_length is not None else r for r in rows]
 
 
 class GenerationEngine(ABC):
     """Samples completions for a team of agents.
 
     Rows are prompt-major: for agent i, the `G` samples of prompt p are rows `p*G .. p*G+G-1` of its
-    `GenerationOutput`. An agent with no prompts gets an empty output. When generating is a collective (`collective`:
-    ZeRO-3 or FSDP2 with several processes) every process must call the engine the same number of times, in the same
-    order, even with no prompts (`trl_marl.distributed.collective`).
+    `GenerationOutput`. An agent with no prompts gets an empty output; an agent whose entry is None takes no part in
+    the call on ANY process (an agentic turn generates for one agent position at a time). When generating is a
+    collective (`collective`: ZeRO-3 or FSDP2 with several processes) every process must call the engine the same
+    number of times, in the same order, even with no prompts (`trl_marl.distributed.collective`), and give None for
+    the same agents.
     """
 
     @property
@@ -68,7 +114,7 @@ class GenerationEngine(ABC):
 
     @abstractmethod
     def generate(
-        self, prompts_per_agent: Sequence[Sequence[PromptText]], num_generations: int, greedy: bool = False
+        self, prompts_per_agent: Sequence[Sequence[PromptText] | None], num_generations: int, greedy: bool = False
     ) -> list[GenerationOutput]:
         """`num_generations` samples per prompt from each of the team's agents (with `greedy`, greedy decodes)."""
 

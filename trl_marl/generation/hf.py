@@ -26,7 +26,7 @@ from trl_marl.distributed.collective import is_sharded
 from trl_marl.distributed.fsdp import gathered_for_generation, is_fsdp2
 from trl_marl.distributed.zero3 import gathered as zero3_gathered
 from trl_marl.distributed.zero3 import hooks_removed, is_zero3
-from trl_marl.generation.engine import GenerationEngine, SamplingSettings
+from trl_marl.generation.engine import GenerationEngine, SamplingSettings, prompt_token_ids
 from trl_marl.models.adapters import mixed_adapter_generate
 from trl_marl.models.loading import eos_token_ids
 from trl_marl.models.scoring import cache_argument, is_dynamic_cache
@@ -43,7 +43,8 @@ class HFGeneration(GenerationEngine):
             each generation, since the Trainer wraps the team when training starts.
         tokenizers: one per agent.
         eos_ids: the EOS token ids of each agent.
-        sampling: the run's sampling settings.
+        sampling: the sampling settings: one for every agent, or one per agent (agent i samples, and a model given
+            to `generate_with` in place of agent i samples, with `sampling[i]`).
         parallel_agents: run the agents' `generate` calls in one thread each (agents placed on different devices,
             `parallel_training="mp"`); tokenizing and decoding stay on the calling thread.
     """
@@ -54,20 +55,29 @@ class HFGeneration(GenerationEngine):
         team: Callable[[], nn.Module],
         tokenizers: Sequence[Any],
         eos_ids: Sequence[list[int]],
-        sampling: SamplingSettings,
+        sampling: SamplingSettings | Sequence[SamplingSettings],
         parallel_agents: bool = False,
     ):
         self.accelerator = accelerator
         self._team = team
         self.tokenizers = list(tokenizers)
         self.eos_ids = list(eos_ids)
-        self.sampling = sampling
+        self.agent_sampling = [sampling] if isinstance(sampling, SamplingSettings) else list(sampling)
         self.parallel_agents = parallel_agents
 
     @property
     def team(self) -> nn.Module:
         """The team module, unwrapped from the engine the accelerator built."""
         return self.accelerator.unwrap_model(self._team())
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """The first agent's sampling settings (every agent's `max_prompt_length`)."""
+        return self.agent_sampling[0]
+
+    def agent_settings(self, i: int) -> SamplingSettings:
+        """Agent i's sampling settings."""
+        return self.agent_sampling[i if len(self.agent_sampling) > 1 else 0]
 
     @property
     def zero3(self) -> bool:
@@ -112,18 +122,20 @@ class HFGeneration(GenerationEngine):
             eos_ids = [eos_token_ids(m, t) for m, t in zip(models, tokenizers)]
         G = num_generations
         encoded = [self._encode(tok, prompts) for tok, prompts in zip(tokenizers, prompts_per_agent)]
-        configs = [self.generation_config(tokenizers[i], eos_ids[i], G, greedy) for i in range(len(models))]
+        configs = [self.generation_config(tokenizers[i], eos_ids[i], G, greedy, i) for i in range(len(models))]
         # a sharded agent's generate is a collective (transformers' `synced_gpus`, as TRL generates under ZeRO-3 /
         # FSDP): every process runs it until the longest is done; one without prompts decodes a placeholder
         synced = [self.collective and is_sharded(m) for m in models]
 
         def run(i: int) -> torch.Tensor:
+            if prompts_per_agent[i] is None:  # takes no part in this call, on any process
+                return torch.zeros(0, 0, dtype=torch.long)
             with self._gathered(models[i]):  # this agent only, for the whole generate call
                 if len(prompts_per_agent[i]):
                     return _generate(models[i], *encoded[i], configs[i], synced[i])
                 if synced[i]:  # no prompts here (trl_marl.distributed.collective): greedy (no random draw), discarded
                     ids = torch.full((1, 1), tokenizers[i].pad_token_id, dtype=torch.long)
-                    placeholder = self.generation_config(tokenizers[i], eos_ids[i], 1, greedy=True)
+                    placeholder = self.generation_config(tokenizers[i], eos_ids[i], 1, True, i)
                     _generate(models[i], ids, torch.ones_like(ids), placeholder, True)
                 return torch.zeros(0, 0, dtype=torch.long)
 
@@ -137,48 +149,77 @@ class HFGeneration(GenerationEngine):
         return [_decode(tokenizers[i], encoded[i], completions[i], eos_ids[i], G) for i in range(len(models))]
 
     def generation_config(
-        self, tokenizer: Any, eos_ids: list[int], num_return_sequences: int = 1, greedy: bool = False
+        self, tokenizer: Any, eos_ids: list[int], num_return_sequences: int = 1, greedy: bool = False, agent: int = 0
     ):
-        """transformers' `GenerationConfig` of one call: the run's sampling settings, or greedy decoding."""
-        s = self.sampling
-        sampling = {} if greedy else {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or 0}
+        """transformers' `GenerationConfig` of one call: agent `agent`'s sampling settings (its
+        `generation_kwargs` override the others, as in TRL), or greedy decoding at its length."""
+        s = self.agent_settings(agent)
+        kwargs: dict[str, Any] = {}
+        if not greedy:
+            kwargs = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or 0}
+            if s.min_p is not None:
+                kwargs["min_p"] = s.min_p
+            if s.repetition_penalty != 1.0:
+                kwargs["repetition_penalty"] = s.repetition_penalty
+            kwargs.update(s.generation_kwargs or {})
         return GenerationConfig(
-            num_return_sequences=num_return_sequences,
-            do_sample=not greedy,
-            max_new_tokens=s.max_completion_length,  # transformers' name
-            **sampling,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=eos_ids,
-            use_cache=True,
+            **{
+                "num_return_sequences": num_return_sequences,
+                "do_sample": not greedy,
+                "max_new_tokens": s.max_completion_length,  # transformers' name
+                "pad_token_id": tokenizer.pad_token_id,
+                "eos_token_id": eos_ids,
+                "use_cache": True,
+                **kwargs,
+            }
         )
 
     def _generate_shared(
         self, team: nn.Module, prompts_per_agent: Sequence[Sequence[PromptText]], G: int, greedy: bool = False
     ) -> list[GenerationOutput]:
-        """Shared-base team: ONE `generate` call for every agent's prompts x G, each row with its agent's adapter."""
+        """Shared-base team: ONE `generate` call for the rows of every agent, each row with its agent's adapter (one
+        call per group of agents with equal sampling settings when they differ per agent)."""
+        per_agent = [GenerationOutput([], [], []) for _ in prompts_per_agent]
+        groups: list[list[int]] = []
+        for i in range(len(prompts_per_agent)):
+            same = next((g for g in groups if self.agent_settings(g[0]) == self.agent_settings(i)), None)
+            if same is None:
+                groups.append([i])
+            else:
+                same.append(i)
+        for agents in groups:  # the same groups on every process: each call is a collective when sharded
+            if all(prompts_per_agent[i] is None for i in agents):  # none of them takes part, on any process
+                continue
+            self._generate_shared_group(team, prompts_per_agent, G, greedy, agents, per_agent)
+        return per_agent
+
+    def _generate_shared_group(
+        self,
+        team: nn.Module,
+        prompts_per_agent: Sequence[Sequence[PromptText]],
+        G: int,
+        greedy: bool,
+        agents: list[int],
+        per_agent: list[GenerationOutput],
+    ) -> None:
+        """One mixed-adapter `generate` call for `agents` (equal sampling settings); fills their `per_agent` rows."""
         from trl.trainer.utils import pad
 
         cut = self.sampling.max_prompt_length
         rows, owners = [], []
-        for i, prompts in enumerate(prompts_per_agent):
-            if not prompts:
-                continue
-            chat = getattr(prompts[0], "chat", False)
-            for ids in self.tokenizers[i](list(prompts), add_special_tokens=not chat)["input_ids"]:
-                if cut is not None:
-                    ids = ids[-cut:]
+        for i in agents:
+            for ids in prompt_token_ids(self.tokenizers[i], prompts_per_agent[i] or [], cut):
                 rows += [torch.tensor(ids, dtype=torch.long)] * G
                 owners += [i] * G
-        per_agent = [GenerationOutput([], [], []) for _ in prompts_per_agent]
         base = team.shared
         # a sharded base's generate is a collective (see generate_with): with no rows, a placeholder row, greedy
         synced = self.collective and is_sharded(base)
         if not rows and not synced:
-            return per_agent
+            return
         pad_id = self.tokenizers[0].pad_token_id
         placeholder = not rows
         if placeholder:
-            rows, owners = [torch.tensor([pad_id], dtype=torch.long)], [0]
+            rows, owners = [torch.tensor([pad_id], dtype=torch.long)], [agents[0]]
         input_ids = pad(rows, pad_id, padding_side="left")
         mask = pad([torch.ones_like(r) for r in rows], 0, padding_side="left")
         device = next(team.agents[0].parameters()).device
@@ -191,13 +232,13 @@ class HFGeneration(GenerationEngine):
                     input_ids.to(device),
                     mask.to(device),
                     [team.agents[i].adapter for i in owners],
-                    self.generation_config(self.tokenizers[0], self.eos_ids[0], 1, greedy or placeholder),
+                    self.generation_config(self.tokenizers[0], self.eos_ids[0], 1, greedy or placeholder, agents[0]),
                     synced_gpus=synced,
                 )
         finally:
             base.train(was_training)
         if placeholder:
-            return per_agent
+            return
         completions = out[:, input_ids.shape[1] :].cpu()
         lengths = completion_mask(completions, self.eos_ids[0]).sum(dim=1).tolist()
         comp_ids = [completions[r, : lengths[r]] for r in range(len(rows))]
@@ -206,7 +247,6 @@ class HFGeneration(GenerationEngine):
             per_agent[i].texts.append(texts[r])
             per_agent[i].prompt_ids.append(rows[r])
             per_agent[i].completion_ids.append(comp_ids[r])
-        return per_agent
 
     def _gathered(self, model: nn.Module):
         """The full parameters of `model` (one agent) for its `generate` call under FSDP2 / ZeRO-3; else nothing."""
@@ -216,18 +256,18 @@ class HFGeneration(GenerationEngine):
             return zero3_gathered(model)
         return nullcontext()
 
-    def _encode(self, tokenizer: Any, prompts: Sequence[PromptText]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids and mask (no special tokens after a chat template), cut to `max_prompt_length`."""
-        if not prompts:
+    def _encode(self, tokenizer: Any, prompts: Sequence[PromptText] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and mask (`prompt_token_ids`: a prompt's own ids, else its tokens)."""
+        rows = prompt_token_ids(tokenizer, prompts or [], self.sampling.max_prompt_length)
+        if not rows:
             return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long)
-        chat = getattr(prompts[0], "chat", False)
-        enc = tokenizer(
-            list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=not chat
-        )
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        cut = self.sampling.max_prompt_length
-        if cut is not None and ids.shape[1] > cut:
-            ids, mask = ids[:, -cut:], mask[:, -cut:]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            if row:
+                ids[r, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+                mask[r, width - len(row) :] = 1
         return ids, mask
 
 

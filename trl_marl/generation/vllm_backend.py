@@ -138,7 +138,9 @@ def validate_vllm_args(args: Any) -> None:
         )
     if args.vllm_model_impl not in ("vllm", "transformers", "auto"):
         raise ValueError(f"vllm_model_impl must be 'vllm', 'transformers' or 'auto', got {args.vllm_model_impl!r}")
-    if args.vllm_max_model_length is not None and args.vllm_max_model_length <= args.max_completion_length:
+    length = args.max_completion_length  # one value, or one per agent
+    longest = max(length) if isinstance(length, (list, tuple)) else length
+    if args.vllm_max_model_length is not None and args.vllm_max_model_length <= longest:
         raise ValueError(
             f"vllm_max_model_length ({args.vllm_max_model_length}) must exceed max_completion_length "
             f"({args.max_completion_length}): it holds the prompt and the completion"
@@ -429,12 +431,13 @@ class VLLMTeamGeneration(VLLMSampling):
 
     # ------------------------------------------------------------------ generation
     def _params(self, n: int, i: int, greedy: bool, logprobs: bool, seeds: list[int | None]) -> list:
-        """One `SamplingParams` per prompt of agent i: the run's settings, the prompt's own seed."""
+        """One `SamplingParams` per prompt of agent i: the agent's settings (`generation_kwargs` last: they override),
+        the prompt's own seed."""
         from vllm import SamplingParams
 
-        settings = self.sampling_settings(greedy)
         extra = dict(n=n, stop_token_ids=list(self.eos_ids[i]), logprobs=0 if logprobs else None)
-        return [SamplingParams(**settings, **extra, seed=seed) for seed in seeds]
+        settings = self.sampling_settings(i, greedy)
+        return [SamplingParams(**{**extra, "seed": seed, **settings}) for seed in seeds]
 
     def _sample(
         self,
@@ -449,7 +452,7 @@ class VLLMTeamGeneration(VLLMSampling):
             rows, params, requests, owners = [], [], [], []
             for i, ids in enumerate(prompt_ids):
                 rows += ids
-                params += self._params(n, 0, greedy, logprobs, per_agent_seeds[i])
+                params += self._params(n, i, greedy, logprobs, per_agent_seeds[i])
                 requests += [self._lora_requests[i]] * len(ids)
                 owners += [i] * len(ids)
             results = (  # no rows: a process in step with the others (trl_marl.distributed.collective)

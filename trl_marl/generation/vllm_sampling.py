@@ -25,7 +25,7 @@ from torch import nn
 
 from trl_marl.data_types.rollout import GenerationOutput
 from trl_marl.data_types.text import PromptText
-from trl_marl.generation.engine import GenerationEngine
+from trl_marl.generation.engine import GenerationEngine, prompt_token_ids
 
 if TYPE_CHECKING:
     from trl_marl.generation.hf import HFGeneration
@@ -78,6 +78,9 @@ class VLLMSampling(GenerationEngine):
         self.gap_seconds = 0.0
         self.sync_seconds = 0.0
         self.num_syncs = 0
+        # every training rollout returns vLLM's sampled log-probs (a trainer's importance-sampling correction needs
+        # them); otherwise only rollouts whose step is logged do (the gap metric)
+        self.keep_sampling_logprobs = False
 
     @property
     def team(self) -> nn.Module:
@@ -123,28 +126,32 @@ class VLLMSampling(GenerationEngine):
         """Called after every sampling call (the colocated engines go back to sleep here)."""
 
     # ------------------------------------------------------------------ generation
-    def sampling_settings(self, greedy: bool) -> dict[str, Any]:
-        """The run's sampling settings as vLLM names them (greedy: temperature 0)."""
-        args = self.args
-        common = {"max_tokens": args.max_completion_length}
+    def sampling_settings(self, agent: int, greedy: bool) -> dict[str, Any]:
+        """Agent `agent`'s sampling settings (`SamplingSettings`) as vLLM's `SamplingParams` names them (greedy:
+        temperature 0); `generation_kwargs` override, as in TRL."""
+        s = self.transformers.agent_settings(agent)
+        common = {"max_tokens": s.max_completion_length}
         if greedy:
             return {"temperature": 0.0, **common}
-        return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k or 0, **common}
+        extra = {"min_p": s.min_p} if s.min_p is not None else {}
+        extra.update(s.generation_kwargs or {})
+        return {
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k or 0,
+            "repetition_penalty": s.repetition_penalty,
+            **common,
+            **extra,
+        }
 
-    def _prompt_ids(self, i: int, prompts: Sequence[PromptText]) -> list[list[int]]:
-        """Agent i's prompts as `generate` tokenizes them (no special tokens after a chat template), left-cut to
-        `max_prompt_length`."""
-        if not prompts:
-            return []
-        tok = self.tokenizers[i]
-        chat = getattr(prompts[0], "chat", False)
-        rows = tok(list(prompts), add_special_tokens=not chat)["input_ids"]
-        cut = self.args.max_prompt_length
-        return [r[-cut:] if cut is not None else r for r in rows]
+    def _prompt_ids(self, i: int, prompts: Sequence[PromptText] | None) -> list[list[int]]:
+        """Agent i's prompts as `generate` tokenizes them (`prompt_token_ids`), left-cut to `max_prompt_length`; none
+        for an agent that takes no part (None)."""
+        return prompt_token_ids(self.tokenizers[i], prompts or [], self.args.max_prompt_length)
 
     @torch.no_grad()
     def generate(
-        self, prompts_per_agent: Sequence[Sequence[PromptText]], num_generations: int, greedy: bool = False
+        self, prompts_per_agent: Sequence[Sequence[PromptText] | None], num_generations: int, greedy: bool = False
     ) -> list[GenerationOutput]:
         """`num_generations` samples per prompt for every agent (greedy: one greedy decode), rows prompt-major, as
         the transformers engine returns them; each output also carries vLLM's per-token `sampling_logprobs`, except
@@ -156,7 +163,7 @@ class VLLMSampling(GenerationEngine):
         # (evaluation, a user's) still return them
         training = self.team.training and not greedy
         gap_metric = training and self._logging_rollout()
-        want_logprobs = gap_metric or not training
+        want_logprobs = gap_metric or not training or self.keep_sampling_logprobs
         prompt_ids = [self._prompt_ids(i, p) for i, p in enumerate(prompts_per_agent)]
         seeds = [None if greedy else draw_seed() for _ in prompt_ids]
         t0 = time.perf_counter()
@@ -204,9 +211,10 @@ class VLLMSampling(GenerationEngine):
         from trl_marl.data_types.batches import collate_agent_batch
         from trl_marl.models.team import agent_token_logprobs
 
-        team, temperature = self.team, self.args.temperature
+        team = self.team
         means, maxes = [], []
         for i, out in enumerate(outputs):
+            temperature = team.agent_temperature(i)
             pad_id = self.tokenizers[i].pad_token_id
             if not out.completion_ids or all(c.numel() == 0 for c in out.completion_ids):
                 if self.collective:  # the forward is a collective (ZeRO-3 / FSDP2): take part in it

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 __all__ = ["VLLMServerGeneration", "server_urls"]
 
+# The sampling settings a `/generate` request carries (`vllm_protocol.GenerateRequest`)
+_REQUEST_SETTINGS = frozenset({"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens"})
+
 
 def server_urls(args: Any) -> list[str]:
     """The servers of a config: `vllm_server_base_url` (one URL, or a list of one per agent), else
@@ -107,8 +110,16 @@ class VLLMServerGeneration(VLLMSampling):
         return info["agents"][agent - self._client(agent).agent_offset]
 
     def _check_servers(self) -> None:
-        """Refuse servers that do not serve this team, naming the server, the agent and the fix."""
+        """Refuse servers that do not serve this team, and sampling settings a request cannot carry, naming the
+        server, the agent and the fix."""
         n, agents = self.num_agents, self.team.agents
+        for i in range(n):
+            extra = set(self.transformers.agent_settings(i).generation_kwargs or {}) - _REQUEST_SETTINGS
+            if extra:
+                raise ValueError(
+                    f"generation_kwargs of agent {i + 1} sets {sorted(extra)}, which vllm_mode='server' does not send "
+                    f"(a request carries {sorted(_REQUEST_SETTINGS)}): use vllm_mode='colocate' for them"
+                )
         if len(self.clients) > 1 and len(self.clients) != n:
             raise ValueError(
                 f"vllm_server_base_url lists {len(self.clients)} servers: give one, or one per agent ({n})"
@@ -180,11 +191,10 @@ class VLLMServerGeneration(VLLMSampling):
         logprobs: bool,
         seeds: list[int | None],
     ) -> list[list[SampledRow]]:
-        settings = self.sampling_settings(greedy)
-
         def one(i: int) -> list[SampledRow]:
             if not prompt_ids[i]:
                 return []
+            settings = self.sampling_settings(i, greedy)
             out = self._client(i).generate(
                 i,
                 prompt_ids[i],

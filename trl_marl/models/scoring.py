@@ -124,8 +124,9 @@ def completion_logits(model: nn.Module, batch: AgentBatch) -> torch.Tensor:
     return out.logits[:, :-1, :]
 
 
-def _score(model: nn.Module, batch: AgentBatch, temperature: float, entropy: bool):
-    """`(log-probs (B, C), token entropies (B, C) or None)` of one forward (`completion_logits`)."""
+def _score(model: nn.Module, batch: AgentBatch, temperature: float, entropy: bool, entropy_grad: bool = False):
+    """`(log-probs (B, C), token entropies (B, C) or None)` of one forward (`completion_logits`); the entropies carry
+    the gradient only with `entropy_grad` (an entropy bonus)."""
     logits = completion_logits(model, batch)
     logits = logits.float() if logits.dtype != torch.float32 else logits
     logp = token_logprobs(logits, batch.completion_ids, temperature)
@@ -133,8 +134,8 @@ def _score(model: nn.Module, batch: AgentBatch, temperature: float, entropy: boo
         return logp, None
     from trl.trainer.utils import entropy_from_logits  # TRL's chunked entropy, as GRPOTrainer logs it
 
-    with torch.no_grad():
-        return logp, entropy_from_logits(logits.detach() / temperature)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return logp, entropy_from_logits((logits if entropy_grad else logits.detach()) / temperature)
 
 
 def budget_bytes(model: nn.Module) -> int:
@@ -225,9 +226,10 @@ def score_completions(
     return_entropy: bool = False,
     rows: int | None = None,
     keep_last: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs `(B, C)` of `log_softmax(logits / temperature)` at the completion tokens of `batch`, and
-    with `return_entropy` the `(B, C)` token entropies (detached; else None), scored in chunks of `rows` rows (None:
+    with `return_entropy` the `(B, C)` token entropies (detached unless `entropy_grad`; else None), scored in chunks of `rows` rows (None:
     the plan of `chunk_plan` for this one agent). With gradients every chunk is checkpointed except the last one
     when `keep_last` (see the module docstring). Entries past a row's completion are 0."""
     device = next(model.parameters()).device
@@ -236,16 +238,18 @@ def score_completions(
     if rows is None:
         rows, keep_last = chunk_plan([model], [batch])[0]
     if rows >= B and keep_last:
-        return _score(model, batch, temperature, return_entropy)
+        return _score(model, batch, temperature, return_entropy, entropy_grad)
     logps, entropies = [], []
     starts = list(range(0, B, rows))
     for k, start in enumerate(starts):
         chunk = _rows(batch, start, min(start + rows, B))
         kept = keep_last and k == len(starts) - 1  # the backward needs the last chunk's graph first
         if torch.is_grad_enabled() and not kept:
-            logp, ent = checkpoint(_score, model, chunk, temperature, return_entropy, use_reentrant=False)
+            logp, ent = checkpoint(
+                _score, model, chunk, temperature, return_entropy, entropy_grad, use_reentrant=False
+            )
         else:
-            logp, ent = _score(model, chunk, temperature, return_entropy)
+            logp, ent = _score(model, chunk, temperature, return_entropy, entropy_grad)
         pad = (0, C - logp.shape[1])
         logps.append(nn.functional.pad(logp, pad))
         if ent is not None:

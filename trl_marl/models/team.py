@@ -66,12 +66,18 @@ class TeamModel(nn.Module):
         self.config._name_or_path = names[0] if len(set(names)) == 1 else ""
         # Trainer checks this attribute when deciding whether to pass `num_items_in_batch`.
         self.accepts_loss_kwargs = False
-        # The sampling temperature the completions were drawn at: every log-prob of a sampled completion is taken on
-        # logits / temperature (as TRL's GRPOTrainer does), so the gradient is that of the policy that sampled.
-        self.temperature = 1.0
+        # The sampling temperature the completions were drawn at (one for every agent, or a list: one per agent):
+        # every log-prob of a sampled completion is taken on logits / temperature (as TRL's GRPOTrainer does), so the
+        # gradient is that of the policy that sampled.
+        self.temperature: float | list[float] = 1.0
         # Rows of one agent scored by one forward (`logprob_batch_size`); None: sized from a memory budget
         # (`trl_marl.models.scoring.score_completions`).
         self.logprob_batch_size: int | None = None
+
+    def agent_temperature(self, i: int) -> float:
+        """Agent i's sampling temperature (`temperature`, one value or one per agent)."""
+        t = self.temperature
+        return (t[0] if len(t) == 1 else t[i]) if isinstance(t, (list, tuple)) else t
 
     @property
     def shared_base(self) -> bool:
@@ -137,7 +143,9 @@ class TeamModel(nn.Module):
         for a in self._backbones():
             a.enable_input_require_grads()
 
-    def forward(self, agent_batches: Sequence[AgentBatch | None]) -> dict[str, list]:
+    def forward(
+        self, agent_batches: Sequence[AgentBatch | None], token_entropy: bool = False, entropy_grad: bool = False
+    ) -> dict[str, list]:
         """Per-token log-probabilities of each agent's completions, and their entropy.
 
         `agent_batches[i]` is agent i's batch (or None to skip it), scored by `score_completions`: each prompt run
@@ -148,33 +156,46 @@ class TeamModel(nn.Module):
         return_entropy)` returning `(log-probs, per-token entropy or None)` with `batch.shift_completion_mask` over
         them (MADPO's TRL-layout preference batch).
 
+        Each agent is scored at its own sampling temperature (`agent_temperature`).
+
         Returns a dict of lists, one entry per agent (None for a skipped agent):
             `logprobs[i]`: `(B_i, C_i)` completion-token log-probs (multiply by `batch.completion_mask` and sum for
                 sequence log-probs);
             `entropy[i]`: the mean token entropy (nats, of logits / temperature) over the scored completion tokens, a
-                float, when the forward runs with gradients (the loss's forward, the one to log); else None.
+                float, when the forward runs with gradients (the loss's forward, the one to log); else None;
+            `token_entropy[i]` (with `token_entropy=True`, `AgentBatch` batches): the `(B_i, C_i)` token entropies
+                (TRL's high-entropy mask), carrying the gradient with `entropy_grad=True` (TRL's entropy bonus).
         """
         if len(agent_batches) != len(self.agents):
             raise ValueError(f"expected {len(self.agents)} agent batches, got {len(agent_batches)}")
         record = torch.is_grad_enabled()
         logps: list[torch.Tensor | None] = []
         entropies: list[float | None] = []
+        per_token: list[torch.Tensor | None] = []
         plain = [b if isinstance(b, AgentBatch) else None for b in agent_batches]
         plan = chunk_plan(list(self.agents), plain, self.logprob_batch_size)
-        for agent, batch, chunks in zip(self.agents, agent_batches, plan):
+        for i, (agent, batch, chunks) in enumerate(zip(self.agents, agent_batches, plan)):
+            temperature = self.agent_temperature(i)
             if batch is None:
                 logps.append(None)
                 entropies.append(None)
+                per_token.append(None)
                 continue
             if isinstance(batch, AgentBatch):
-                logp, *entropy = score_completions(agent, batch, self.temperature, record, *chunks)
+                logp, *entropy = score_completions(
+                    agent, batch, temperature, record or token_entropy, *chunks, entropy_grad=entropy_grad
+                )
                 mask = batch.completion_mask
             else:
-                logp, *entropy = batch.token_logps(agent, self.temperature, return_entropy=record)
+                logp, *entropy = batch.token_logps(agent, temperature, return_entropy=record)
                 mask = batch.shift_completion_mask
             logps.append(logp)
-            entropies.append(masked_mean_entropy(entropy[0], mask) if record else None)
-        return {"logprobs": logps, "entropy": entropies}
+            entropies.append(masked_mean_entropy(entropy[0].detach(), mask) if record else None)
+            per_token.append(entropy[0] if token_entropy and entropy else None)
+        out = {"logprobs": logps, "entropy": entropies}
+        if token_entropy:
+            out["token_entropy"] = per_token
+        return out
 
 
 def forward_completions(
@@ -183,9 +204,11 @@ def forward_completions(
     temperature: float = 1.0,
     output_hidden_states: bool = False,
     return_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[Any, ...]:
     """One forward pass over `[prompt | completion]`: `(model output, completion-token log-probs (B, C))`, plus the
-    `(B, C)` token entropies (detached) as a third element when `return_entropy`.
+    `(B, C)` token entropies as a third element when `return_entropy` (detached, unless `entropy_grad`: then they
+    carry the gradient, for an entropy bonus).
 
     The log-probs are `log_softmax(logits / temperature)` at the completion tokens: pass the temperature the
     completions were sampled at (TRL's GRPOTrainer divides by it too). The entropy is TRL's `entropy_from_logits`
@@ -216,8 +239,8 @@ def forward_completions(
         return out, logp
     from trl.trainer.utils import entropy_from_logits  # TRL's chunked entropy, as GRPOTrainer logs it
 
-    with torch.no_grad():
-        entropy = entropy_from_logits(logits.detach() / temperature)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy_from_logits((logits if entropy_grad else logits.detach()) / temperature)
     return out, logp, entropy
 
 

@@ -20,6 +20,7 @@ Each class follows `trl_marl.plugins.comparators_protocol.Comparator`.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,6 +47,8 @@ __all__ = [
     "HistoryComparator",
     "APIComparator",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def parse_joint_completions(adapter, texts: Sequence[str], num_items: int, num_candidates: int):
@@ -353,7 +356,11 @@ class HistoryComparator(CurrentComparator):
 
 class APIComparator:
     """A remote model behind an HTTP API (options: `APIComparatorOptions`; see `trl_marl.plugins.api_clients`). Keys
-    come from the environment variable named by the `key_env` option only."""
+    come from the environment variable named by the `key_env` option only.
+
+    A candidate in which some agent's completion came back empty (the API returned no text: a refusal, a filtered
+    or tool-call-only answer) is dropped (`None` in its slot, never compared) and counted in `empty_completions`,
+    with a warning per `generate` call that drops any."""
 
     name = "api"
     options_class = APIComparatorOptions
@@ -366,6 +373,7 @@ class APIComparator:
         self.adapter = TaggedCentralizedAdapter(args.num_agents)
         self.client = APIClient(self.options.client_config())
         self.parse_failures = 0
+        self.empty_completions = 0
 
     def generate(self, items, prompts_per_agent, num_candidates, trainer):
         a = trainer.args
@@ -385,7 +393,9 @@ class APIComparator:
                 items=[items[b] for _ in range(n) for b in range(B)],
                 **gen,
             )
-            return [[[out[i * B + b][c] for i in range(n)] for c in range(num_candidates)] for b in range(B)]
+            return self._without_empty(
+                [[[out[i * B + b][c] for i in range(n)] for c in range(num_candidates)] for b in range(B)]
+            )
         prompts = [
             self.adapter.build_prompt(item, [str(prompts_per_agent[i][b]) for i in range(n)])
             for b, item in enumerate(items)
@@ -393,13 +403,32 @@ class APIComparator:
         out = self.client.generate(prompts, num_candidates, items=list(items), **gen)
         joint, failures = parse_joint_completions(self.adapter, [t for row in out for t in row], B, num_candidates)
         self.parse_failures += failures
+        return self._without_empty(joint)
+
+    def _without_empty(self, joint: list[list[list[str] | None]]) -> list[list[list[str] | None]]:
+        """`joint` with every candidate that holds an empty completion dropped (`None`), counted and logged."""
+        dropped = 0
+        for row in joint:
+            for c, candidate in enumerate(row):
+                if candidate is not None and any(text == "" for text in candidate):
+                    row[c] = None
+                    dropped += 1
+        if dropped:
+            self.empty_completions += dropped
+            logger.warning(
+                "api comparator: dropped %d joint candidate(s) with an empty completion (the API returned no text); "
+                "%d so far",
+                dropped,
+                self.empty_completions,
+            )
         return joint
 
     def state_dict(self) -> dict:
-        return {"parse_failures": self.parse_failures}
+        return {"parse_failures": self.parse_failures, "empty_completions": self.empty_completions}
 
     def load_state_dict(self, state: dict) -> None:
         self.parse_failures = int(state.get("parse_failures", 0))
+        self.empty_completions = int(state.get("empty_completions", 0))
 
     def close(self) -> None:
         self.client.close()

@@ -47,6 +47,7 @@ import torch
 
 __all__ = [
     "RewardFunction",
+    "apply_processor",
     "team_reward",
     "is_team_reward",
     "lift",
@@ -335,17 +336,8 @@ class RewardFunction:
         return self.process(raw), raw
 
     def process(self, raw: torch.Tensor) -> torch.Tensor:
-        """Apply the reward processor to every element and re-validate."""
-        if self.processor is None:
-            return raw
-        flat = [float(self.processor(float(v))) for v in raw.flatten().tolist()]
-        for idx, v in enumerate(flat):
-            if not math.isfinite(v) or abs(v) > MAX_ABS_REWARD:
-                raise ValueError(
-                    f"reward_processor turned the reward of {self.name!r} at index {idx} into {v:g}; rewards must be "
-                    f"finite and within +-{MAX_ABS_REWARD:g}"
-                )
-        return torch.tensor(flat, dtype=torch.float32).reshape(raw.shape)
+        """Apply the reward processor to every element and re-validate (`apply_processor`)."""
+        return apply_processor(self.processor, raw, self.name)
 
     def _validate(self, out: Any, num_joint: int) -> torch.Tensor:
         if isinstance(out, torch.Tensor):
@@ -432,6 +424,21 @@ class RewardFunction:
                 "scale the reward down, e.g. with reward_processor=trl_marl.rewards.scale(...))"
             )
         return v
+
+
+def apply_processor(processor: Callable[[float], float] | None, raw: torch.Tensor, name: str) -> torch.Tensor:
+    """`processor` applied to every element of `raw` (unchanged without one); a non-finite or too large result is
+    an error naming the reward `name` and the index."""
+    if processor is None:
+        return raw
+    flat = [float(processor(float(v))) for v in raw.flatten().tolist()]
+    for idx, v in enumerate(flat):
+        if not math.isfinite(v) or abs(v) > MAX_ABS_REWARD:
+            raise ValueError(
+                f"reward_processor turned the reward of {name!r} at index {idx} into {v:g}; rewards must be "
+                f"finite and within +-{MAX_ABS_REWARD:g}"
+            )
+    return torch.tensor(flat, dtype=torch.float32).reshape(raw.shape)
 
 
 def _unique_names(names: list[str]) -> list[str]:

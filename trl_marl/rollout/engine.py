@@ -21,7 +21,7 @@ from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample,
 from trl_marl.data_types.text import PromptText
 from trl_marl.distributed.collective import any_over_processes
 from trl_marl.rewards import RewardFunction
-from trl_marl.rollout.prompts import formatter_failure
+from trl_marl.rollout.prompts import format_item
 
 __all__ = ["logger", "JOINT_MODES", "TREE_WARN_SIZE", "GenerateFn", "tree_size", "JointRollout"]
 
@@ -146,16 +146,8 @@ class JointRollout:
         return [self.render(i, self.format(i, item)) for i in range(self.num_agents)]
 
     def format(self, i: int, item: dict):
-        """Agent i's formatter on `item`; its failure is re-raised (same type) naming the agent, the formatter and
-        the item's columns (a bare `KeyError: 'question'` does not say whose formatter wanted the column)."""
-        try:
-            return self.formatters[i](item)
-        except Exception as exc:
-            try:
-                named = type(exc)(formatter_failure(i, self.formatters[i], item, exc))
-            except Exception:  # an exception type that needs other arguments: keep the original
-                raise exc from None
-            raise named from exc
+        """Agent i's formatter on `item`, a failure naming the agent, the formatter and the columns (`format_item`)."""
+        return format_item(self.formatters, i, item)
 
     def next_prompts(self, item: dict, node: Node, joint_texts: list[str]) -> list[PromptText]:
         kwargs = {
@@ -253,6 +245,7 @@ class JointRollout:
                     f"generation for agent {i + 1} returned {len(out.texts)} rows, expected {len(nodes) * G}"
                 )
         # samples
+        logps = [out.sampling_logprobs for out in outputs]
         for m, node in enumerate(nodes):
             node.samples = []
             for i in range(n):
@@ -267,6 +260,7 @@ class JointRollout:
                         outputs[i].texts[r],
                         outputs[i].prompt_ids[r],
                         outputs[i].completion_ids[r],
+                        sampling_logprobs=None if logps[i] is None else logps[i][r],
                     )
                     ids.append(len(rollout.samples))
                     rollout.samples.append(s)
@@ -297,10 +291,12 @@ class JointRollout:
         processed, raw = self.reward(comps, task_prompts, batch_items)
         rollout.reward_seconds += time.perf_counter() - t0
         rollout.env_steps += len(task_prompts)
+        components = self.reward.last_components
         start = 0
         for node in nodes:
             J = len(node.joint)
             node.rewards, node.raw_rewards = processed[start : start + J], raw[start : start + J]
+            node.reward_components = {name: v[start : start + J] for name, v in components.items()}
             start += J
         if greedy:
             for m, node in enumerate(nodes):

@@ -7,7 +7,14 @@ from typing import Any
 
 from trl_marl.data_types.text import PromptText
 
-__all__ = ["render_prompt", "PromptRenderer", "default_formatter", "resolve_formatters", "formatter_failure"]
+__all__ = [
+    "render_prompt",
+    "PromptRenderer",
+    "default_formatter",
+    "resolve_formatters",
+    "formatter_failure",
+    "format_item",
+]
 
 
 def render_prompt(formatted: Any, tokenizer) -> PromptText:
@@ -74,3 +81,16 @@ def formatter_failure(i: int, formatter, item: Any, exc: BaseException) -> str:
     name = getattr(formatter, "__qualname__", type(formatter).__name__)
     columns = sorted(item) if isinstance(item, dict) else type(item).__name__
     return f"the formatter of agent {i + 1} ({name}) failed on an item with columns {columns}: {type(exc).__name__}: {exc}"
+
+
+def format_item(formatters: Sequence[Callable], i: int, item: dict) -> Any:
+    """Agent i's formatter on `item`; its failure is re-raised (same type) naming the agent, the formatter and the
+    item's columns (a bare `KeyError: 'question'` does not say whose formatter wanted the column)."""
+    try:
+        return formatters[i](item)
+    except Exception as exc:
+        try:
+            named = type(exc)(formatter_failure(i, formatters[i], item, exc))
+        except Exception:  # an exception type that needs other arguments: keep the original
+            raise exc from None
+        raise named from exc

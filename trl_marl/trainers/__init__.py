@@ -1,10 +1,13 @@
 """Trainers: one `XConfig` + `XTrainer` pair per algorithm, all on `MultiAgentTrainer` (`base`); `registry` lists them.
 
 `MultiAgentTrainer` composes the parts every algorithm shares: `building` (the team, its references and parameter
-groups), `trl_marl.generation` (the engine it samples with), `metrics` (`MetricsRecorder`), `evaluation`
-(`TaskEvaluator`), `checkpoints` (team folders, resume state, preemption), `arguments` and `names` (the checks and
-TRL's argument names), `data` (what a training step gets). An algorithm adds its step: `reinforce` (the group
-baselines), `actor_critic/` (critics), `preference/` (pairs, DPO, a learned reward).
+groups), `trl_marl.generation` (the engine it samples with), `agentic` (`tools=`, `environment_factory=`, the turn
+order: the agentic rollout), `metrics` (`MetricsRecorder`), `evaluation` (`TaskEvaluator`), `checkpoints` (team
+folders, resume state, the phases of `train()` and preemption), `finite` (a non-finite loss, gradient or weight stops
+the run), `arguments`, `names` and `config_checks` (the checks and TRL's argument names), `data` (what a training step
+gets), `per_agent` (settings given once or per agent). An algorithm adds its step: `reinforce` (the group baselines;
+its configs with GRPOConfig's fields in `reinforce_config`, TRL's GRPO loss family per agent in `grpo_step`),
+`actor_critic/` (critics), `preference/` (pairs, DPO, a learned reward).
 
 The names below import on first use, as at the package root, so that `trl_marl.trainers.registry` (which the command
 line reads) loads without torch.

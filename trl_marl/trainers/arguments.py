@@ -14,6 +14,8 @@ from trl_marl.rollout.prompts import formatter_failure
 
 __all__ = [
     "agent_sources",
+    "check_run_arguments",
+    "team_reward",
     "check_shared_base",
     "check_formatters_on_first_items",
     "column_names",
@@ -54,16 +56,20 @@ def check_run_arguments(
     eval_dataset: Any,
     formatters: Sequence[Callable],
     external_transition: Callable | None,
+    agentic: Any = None,
 ) -> None:
-    """The trainer arguments every trainer needs, checked against `args` (one agent's formatters per agent)."""
+    """The trainer arguments every trainer needs, checked against `args` (one agent's formatters per agent).
+    `agentic` (`trl_marl.trainers.agentic.AgenticSetup`, which checked its own): the environment and the agents'
+    conversation make the next turns, and an environment's `get_reward` may be the reward."""
     n = args.num_agents
     if isinstance(processing_class, (list, tuple)) and len(processing_class) != n:
         raise ValueError(f"tokenizer list has {len(processing_class)} entries but num_agents is {n}")
-    if args.num_turns > 1 and external_transition is None:
+    if args.num_turns > 1 and external_transition is None and agentic is None:
         raise ValueError(
-            f"num_turns={args.num_turns} needs an external_transition (it builds each next turn's prompts)"
+            f"num_turns={args.num_turns} needs an external_transition (it builds each next turn's prompts), or "
+            "tools / an environment_factory / turn_order='sequential' (the agents' conversation goes on)"
         )
-    if reward_func is None:
+    if reward_func is None and agentic is None:
         raise ValueError("reward_funcs is required: it scores the joint response of the agents")
     if train_dataset is None or len(train_dataset) == 0:
         raise ValueError("train_dataset is empty: pass a datasets.Dataset (or list of dicts) of task items")
@@ -72,6 +78,26 @@ def check_run_arguments(
     check_formatters_on_first_items(formatters, train_dataset=train_dataset, eval_dataset=eval_dataset)
     if args.parallel_training == "mp" and args.agent_devices and len(args.agent_devices) not in (1, n):
         raise ValueError(f"agent_devices has {len(args.agent_devices)} entries; give 1 or num_agents={n}")
+
+
+def team_reward(
+    reward_func: Callable | None,
+    num_agents: int,
+    processor: Callable[[float], float] | None,
+    allow_per_agent: bool,
+    columns: Sequence[str] | None,
+    agentic: Any = None,
+) -> Any:
+    """The trainer's reward: `reward_funcs` as a `RewardFunction` (None without them), joined by the environments'
+    `get_reward` for an agentic trainer (`AgenticSetup.reward_sources`)."""
+    from trl_marl.rewards import RewardFunction
+
+    reward = None
+    if reward_func is not None:
+        reward = RewardFunction(
+            reward_func, num_agents, processor, allow_per_agent=allow_per_agent, column_names=columns
+        )
+    return agentic.reward_sources(reward, processor) if agentic is not None else reward
 
 
 def check_shared_base(model: Any, args: Any, peft_config: Any, trainer: str, supported: bool) -> None:

@@ -10,6 +10,7 @@ reward (`evaluation`), and the team folders and resume state of checkpoints (`ch
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -26,11 +27,8 @@ from trl.trainer.base_trainer import _BaseTrainer
 import trl_marl.trainers.arguments as arguments
 import trl_marl.trainers.building as building
 import trl_marl.trainers.checkpoints as checkpoints
-from trl_marl.checkpointing.checkpoint import (
-    PreemptionHandler,
-    resolve_resume_checkpoint,
-    save_checkpoint_atomically,
-)
+import trl_marl.trainers.finite as finite
+from trl_marl.checkpointing.checkpoint import PreemptionHandler, resolve_resume_checkpoint, save_checkpoint_atomically
 from trl_marl.data_types.batches import AgentBatch, collate_agent_batch
 from trl_marl.data_types.rng import RNGStreams
 from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample
@@ -38,19 +36,18 @@ from trl_marl.data_types.text import UNKNOWN_EOS, PromptText
 from trl_marl.distributed.fsdp import enable_fsdp_on_cpu, is_fsdp2, shard_team
 from trl_marl.distributed.memory import return_freed_tensors_to_os
 from trl_marl.distributed.zero3 import fill_bucket_sizes, zero3_init_flag_honoured
-from trl_marl.generation import GenerationUnavailable
 from trl_marl.hub import init_trainer_repos, push_trainer, push_trainer_checkpoint, write_trainer_cards
 from trl_marl.models.loading import completion_token_ids, ended_with_eos, eos_token_ids
 from trl_marl.models.team import TeamModel
-from trl_marl.rewards import RewardFunction
-from trl_marl.rollout.engine import JointRollout
 from trl_marl.rollout.prompts import PromptRenderer, resolve_formatters
 from trl_marl.rollout.returns import RolloutReturns, rollout_returns
+from trl_marl.trainers.agentic import AgenticSetup, build_rollout
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.data import Experience, RolloutSampler, rollout_dataloader
 from trl_marl.trainers.evaluation import TaskEvaluator
 from trl_marl.trainers.metrics import MetricsRecorder, append_trace
 from trl_marl.trainers.names import combine_reward_funcs, merge_model_init_kwargs, resolve_deprecated_kwargs
+from trl_marl.trainers.per_agent import agent_value
 from trl_marl.utils.progress import trainer_shows_progress
 
 __all__ = ["MultiAgentTrainer", "RolloutSampler"]
@@ -81,7 +78,8 @@ class MultiAgentTrainer(_BaseTrainer):
         formatters: one callable for all agents, or one per agent, `formatter(item) -> str | chat messages`;
             default: `item["prompt"]`.
         reward_processor: optional `float -> float` applied to every reward (`trl_marl.rewards.scale`, `shift`, ...).
-        external_transition: multi-turn transition, required when `num_turns > 1`.
+        external_transition: multi-turn transition, required when `num_turns > 1` (without tools or environment).
+        tools, environment_factory: TRL's `tools=` and `environment_factory=`, for a team (`docs/agentic.md`).
         model_config: loading options for ids: `dtype`, `attn_implementation`, `trust_remote_code`, `revision`,
             `model_kwargs` (a dict), or a TRL `ModelConfig`; `args.model_init_kwargs` (TRL's) adds to them.
         metrics_callback: `callable(rollout_records) -> dict[str, float]` of domain metrics, called on every
@@ -99,6 +97,7 @@ class MultiAgentTrainer(_BaseTrainer):
     args_class: type | None = None  # what args must be an instance of (default: config_class)
     supports_per_agent_rewards = False
     supports_shared_base = True  # agents as adapters on one base model (share_base_model=True)
+    supports_agentic = True  # tools, environment_factory, turn_order="sequential" (trainers.agentic)
     # Classes a checkpoint's resume state may hold besides tensors and containers (the `weights_only` allowlist of
     # trl_marl.checkpointing); a subclass lists the ones it adds, `all_resume_types` collects them over the MRO.
     resume_types: tuple[type, ...] = (Rollout, Node, Sample, GenerationOutput, PromptText, AgentBatch)
@@ -130,6 +129,8 @@ class MultiAgentTrainer(_BaseTrainer):
         formatters: Callable | Sequence[Callable] | None = None,
         reward_processor: Callable[[float], float] | None = None,
         external_transition: Callable[..., Any] | None = None,
+        tools: Sequence[Callable[..., Any] | Sequence[Callable[..., Any]]] | None = None,
+        environment_factory: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None,
         model_config: Any = None,
         metrics_callback: Callable[[list[dict]], dict] | None = None,
         wandb_config: dict | None = None,
@@ -149,13 +150,17 @@ class MultiAgentTrainer(_BaseTrainer):
 
         # ---- validation, before any model loads ----
         sources = arguments.agent_sources(model, n)
-        self.formatters = resolve_formatters(formatters, n)
+        self.formatters = formatters = resolve_formatters(formatters, n)
+        self.agentic = agentic = AgenticSetup.build(
+            type(self), args, tools, environment_factory, reward_func, train_dataset, external_transition
+        )
+        train_dataset = agentic.train_dataset if agentic else train_dataset
         arguments.check_run_arguments(
-            args, processing_class, reward_func, train_dataset, eval_dataset, self.formatters, external_transition
+            args, processing_class, reward_func, train_dataset, eval_dataset, formatters, external_transition, agentic
         )
         columns = arguments.column_names(train_dataset)
         allow = self.supports_per_agent_rewards
-        reward = RewardFunction(reward_func, n, reward_processor, allow_per_agent=allow, column_names=columns)
+        reward = arguments.team_reward(reward_func, n, reward_processor, allow, columns, agentic)
         if args.share_base_model:
             arguments.check_shared_base(model, args, peft_config, type(self).__name__, self.supports_shared_base)
         self._check_config(args)
@@ -210,7 +215,7 @@ class MultiAgentTrainer(_BaseTrainer):
 
         # ---- the parts ----
         self._metrics = MetricsRecorder(self.accelerator, n, self.eos_ids, metrics_callback)
-        self.reference_models = building.reference_models(self) if args.reference_kl_enabled else None
+        self.reference_models = building.reference_models(self) if building.needs_reference(args) else None
         if is_fsdp2(self.accelerator):
             # shard the team before the optimizer is built (trl_marl.distributed.fsdp: per layer, per agent, then the team)
             shard_team(self.model, self.accelerator)
@@ -228,15 +233,14 @@ class MultiAgentTrainer(_BaseTrainer):
         self.add_callback(checkpoints.PreemptionCallback(self._preemption, self.accelerator))
         self.generation = building.generation_engine(self)
         # ZeRO-3 / FSDP2: generation gathers each agent (a collective): every process runs every turn (`synced`)
-        self.rollout_engine = JointRollout.from_config(
-            args, self.formatters, self._render, reward, external_transition, synced=self.generation.collective
-        )
+        self.rollout_engine = build_rollout(self, agentic, reward, external_transition)
         # Training rollouts may score with another reward than evaluation (MARLHF: a learned reward model); the
         # task reward of `rollout_engine` is what evaluation always uses.
         self.train_rollout_engine = self.rollout_engine
         self.evaluator = TaskEvaluator(
             self.rollout_engine, self.generation, self.accelerator, n, args.seed, metrics_callback
         )
+        checkpoints.check_output_space(self)  # a read-only or full disk found now, not after training
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -309,16 +313,16 @@ class MultiAgentTrainer(_BaseTrainer):
         return []
 
     def _clip_grad_norm(self, model):
-        """Clip each agent's gradient (and each critic's) by its OWN norm to `max_grad_norm`, so one module's large
-        gradient never shrinks another's update (each agent's loss touches only its own parameters: per-agent updates
-        stay separate). Returns the pre-clip norm of all of them together, as transformers logs it. The engine clips
+        """Clip each agent's (and critic's) gradient by its OWN norm (`building.clip_agents_each`); the engine clips
         under DeepSpeed and FSDP, and for agents sharing one base (adapters)."""
-        team = self.team
-        if self.is_deepspeed_enabled or self.is_fsdp_enabled or team.shared_base:
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled or self.team.shared_base:
             return super()._clip_grad_norm(model)
-        self.accelerator.unscale_gradients()  # once, before any clipping (mixed precision)
-        groups = [[p for _, p in team.agent_named_parameters(i)] for i in range(team.num_agents)]
-        return building.clip_each(groups + self._extra_clip_groups(), self.args.max_grad_norm)
+        return building.clip_agents_each(self)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        finite.check_grad_norm(self, grad_norm)  # before the optimizer step applies it
+        return grad_norm
 
     def _grad_norm_modules(self) -> list[tuple[str, nn.Module]]:
         """The modules whose gradient norm is logged (`<name>/grad_norm`): the agents, plus critics and value heads."""
@@ -365,7 +369,7 @@ class MultiAgentTrainer(_BaseTrainer):
         """Token ids of a completion given as text (a comparator's, or one re-read from a round file), as agent i
         scores it (`trl_marl.models.loading.completion_token_ids`)."""
         return completion_token_ids(
-            self.tokenizers[i], text, self.eos_ids[i], self.args.max_completion_length, eos_token
+            self.tokenizers[i], text, self.eos_ids[i], agent_value(self.args.max_completion_length, i), eos_token
         )
 
     def completion_eos_token(self, i: int, completion_ids: torch.Tensor) -> str | None:
@@ -373,15 +377,15 @@ class MultiAgentTrainer(_BaseTrainer):
         return ended_with_eos(self.tokenizers[i], completion_ids, self.eos_ids[i])
 
     def agent_batch(self, i: int, samples: Sequence) -> AgentBatch:
-        return collate_agent_batch(
-            [s.prompt_ids for s in samples], [s.completion_ids for s in samples], self.tokenizers[i].pad_token_id
-        )
+        ids = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+        return collate_agent_batch(*ids, self.tokenizers[i].pad_token_id, [s.tool_mask for s in samples])
 
     # ------------------------------------------------------------------ the training step
     def training_step(self, model, inputs, num_items_in_batch=None):
         t0 = time.perf_counter()
         self._metrics.step_rollout_seconds = 0.0
         loss = super().training_step(model, inputs, num_items_in_batch)
+        finite.check_loss(self, loss)  # a non-finite loss stops the run before the optimizer step
         self._step += 1
         self._metrics.timings["update"] += time.perf_counter() - t0 - self._metrics.step_rollout_seconds
         at_update = self._step % self.args.gradient_accumulation_steps == 0
@@ -410,7 +414,7 @@ class MultiAgentTrainer(_BaseTrainer):
         with self.rng_streams.scoped("rollout", self._rng_round()):
             rollout = self.train_rollout_engine.run(items, self.generation.generate)
         t1 = time.perf_counter()
-        if self.reference_models is not None:
+        if self.args.reference_kl_enabled:
             self._reference_penalties(rollout)
         returns = rollout_returns(rollout, self.args.discount)
         experience = self._experience(rollout, returns)
@@ -446,7 +450,8 @@ class MultiAgentTrainer(_BaseTrainer):
         checkpoints.save_rng_streams(self.rng_streams, output_dir, self.accelerator.process_index)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
-        super()._load_rng_state(checkpoint)
+        with checkpoints.damaged_rng_state_named(checkpoint, self.accelerator.process_index):
+            super()._load_rng_state(checkpoint)
         if checkpoint is not None:
             checkpoints.load_rng_streams(self.rng_streams, checkpoint, self.accelerator.process_index)
 
@@ -481,36 +486,25 @@ class MultiAgentTrainer(_BaseTrainer):
         self._last_eval_reward = out[f"{metric_key_prefix}_reward"]
         return out
 
-    def _final_evaluation(self, out):
-        """Evaluate after training (with an eval dataset): print `eval_reward` and add the metrics to `out`."""
-        if self.eval_dataset is None or out is None:
-            return out
-        from transformers.trainer_utils import TrainOutput
-
-        metrics = self.evaluate()
-        if self.accelerator.is_main_process:
-            print(f"[trl_marl] final evaluation: eval_reward={metrics['eval_reward']:.4f}")
-        return TrainOutput(out.global_step, out.training_loss, {**(out.metrics or {}), **metrics})
-
     # ------------------------------------------------------------------ checkpoints, resume, preemption
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
-        """`Trainer.train`, plus: `resume_from_checkpoint=True` resumes from the latest COMPLETE checkpoint (an
-        incomplete one is skipped with a warning naming it), the step inside the rollout, the buffered rollout,
-        `env_step` and every random stream are restored (exact resume), and SIGTERM / SIGUSR1 finish the current
-        optimizer step, write a checkpoint and exit with status `PREEMPTED_EXIT_CODE` (75). A generation engine that
-        stops answering (`GenerationUnavailable`: a dead vLLM server) gets a checkpoint at the step boundary before
-        its error is raised (`checkpoints.save_after_generation_failure`)."""
-        checkpoint = self._restore_for_resume(resume_from_checkpoint)
-        self._preemption.install()
-        try:
-            out = super().train(checkpoint, *args, **kwargs)
-        except GenerationUnavailable as exc:  # a dead vLLM server: a checkpoint at the step boundary, as preemption
-            checkpoints.save_after_generation_failure(self, exc)
-            raise
-        finally:
-            self._preemption.uninstall()
-        if self._preemption.stop_now:
-            checkpoints.exit_preempted(self)
+        """`Trainer.train`, plus: `resume_from_checkpoint=True` resumes from the latest COMPLETE checkpoint, exactly
+        (the step inside the rollout, the buffered rollout, `env_step`, every random stream); SIGTERM / SIGUSR1, from
+        the first phase to the last (`_prepare_training`, the loop, `_after_training`), write a complete checkpoint
+        at the next safe point and exit with status 75 (`checkpoints.run_training`)."""
+        return checkpoints.run_training(self, super().train, resume_from_checkpoint, *args, **kwargs)
+
+    def _training_context(self, checkpoint: str | None) -> contextlib.AbstractContextManager:
+        """Around the phases of `train()` (the iterative trainers' rounds); nothing here."""
+        return contextlib.nullcontext()
+
+    def _prepare_training(self, checkpoint: str | None) -> Any:
+        """Before the training loop (pair collection, reward-model fitting): None to train, or what `train()` returns
+        instead of training; nothing here."""
+        return None
+
+    def _after_training(self, out: Any) -> Any:
+        """After the training loop (the final evaluation of the preference trainers); `out` unchanged here."""
         return out
 
     def _restore_for_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:

@@ -26,10 +26,13 @@ from trl_marl.models.loading import load_agents, load_tokenizers
 from trl_marl.models.team import agent_token_logprobs
 
 __all__ = [
+    "clip_agents_each",
     "load_team_members",
     "generation_engine",
     "place_agents",
+    "needs_reference",
     "reference_models",
+    "sync_reference_models",
     "set_kl_penalties",
     "agent_learning_rate",
     "agent_param_groups",
@@ -80,7 +83,7 @@ def generation_engine(trainer: Any) -> GenerationEngine:
     two for the device and the model (`trl_marl.generation.choice`), logged with the reason and written back to
     `args.use_vllm`."""
     args = trainer.args
-    sampling, threaded = SamplingSettings.from_config(args), args.parallel_training == "mp"
+    sampling, threaded = SamplingSettings.per_agent(args), args.parallel_training == "mp"
     engine = HFGeneration(
         trainer.accelerator, lambda: trainer.model_wrapped, trainer.tokenizers, trainer.eos_ids, sampling, threaded
     )
@@ -106,6 +109,18 @@ def generation_engine(trainer: Any) -> GenerationEngine:
     from trl_marl.generation.vllm_backend import VLLMTeamGeneration
 
     return VLLMTeamGeneration(engine, args, trainer.peft_config, policy_version, record)
+
+
+def needs_reference(args: Any) -> bool:
+    """Whether a run scores a reference: the reward-side KL (`reference_kl_enabled`) or, with TRL's loss
+    (`uses_trl_loss`, the MAGRPO family), the loss-side `beta > 0` of any agent (MADPO's `beta` is DPO's, another
+    field)."""
+    if args.reference_kl_enabled:
+        return True
+    if not getattr(args, "uses_trl_loss", False):
+        return False
+    beta = args.beta
+    return any(b > 0 for b in (beta if isinstance(beta, (list, tuple)) else [beta]))
 
 
 def reference_models(trainer: Any) -> list[nn.Module]:
@@ -142,7 +157,7 @@ def set_kl_penalties(trainer: Any, rollout: Rollout) -> list[float | None]:
     """Set `sample.penalty = reference_kl_coef * KL_k3(sample)` on every sample of `rollout`: the k3 estimate of the
     KL to agent i's reference, summed over the completion tokens, both policies scored at the sampling temperature
     (as TRL's GRPO), one batched pass per agent. Returns each agent's mean KL (None for an agent with no samples)."""
-    coef, T = trainer.args.reference_kl_coef, trainer.args.temperature
+    coef = trainer.args.reference_kl_coef
     team = trainer.team
     means: list[float | None] = []
     for i in range(trainer.num_agents):
@@ -151,6 +166,7 @@ def set_kl_penalties(trainer: Any, rollout: Rollout) -> list[float | None]:
             means.append(None)
             continue
         batch = trainer.agent_batch(i, samples)
+        T = team.agent_temperature(i)
         logp = agent_token_logprobs(team.agents[i], batch, T)
         ref_logp = agent_token_logprobs(trainer.reference_models[i], batch, T).to(logp.device)
         kl = k3_kl(logp, ref_logp, batch.completion_mask.to(logp.device)).cpu()
@@ -158,6 +174,16 @@ def set_kl_penalties(trainer: Any, rollout: Rollout) -> list[float | None]:
             s.penalty = coef * v
         means.append(kl.mean().item())
     return means
+
+
+@torch.no_grad()
+def sync_reference_models(trainer: Any, alpha: float) -> None:
+    """TR-DPO's reference update for every agent, `ref <- alpha * agent + (1 - alpha) * ref`, with TRL's
+    `SyncRefModelCallback.sync_target_model` (which gathers ZeRO-3 parameters)."""
+    from trl.trainer.callbacks import SyncRefModelCallback
+
+    for agent, ref in zip(trainer.team.agents, trainer.reference_models):
+        SyncRefModelCallback.sync_target_model(agent, ref, alpha)
 
 
 def agent_learning_rate(args: Any, i: int) -> float:
@@ -190,6 +216,18 @@ def agent_param_groups(team: nn.Module, args: Any, decay: set[str]) -> list[dict
         lr = agent_learning_rate(args, i)
         groups += decay_groups(team.agent_named_parameters(i), decay, args.weight_decay, lr, f"agent_{i + 1}")
     return groups
+
+
+def clip_agents_each(trainer: Any) -> torch.Tensor:
+    """`MultiAgentTrainer._clip_grad_norm` where no engine clips: unscale once (mixed precision), then clip each
+    agent's gradient, and each of `trainer._extra_clip_groups()` (critics, value heads), by its OWN norm to
+    `max_grad_norm` (`clip_each`), so one module's large gradient never shrinks another's update (each agent's loss
+    touches only its own parameters: per-agent updates stay separate). Returns the pre-clip norm of all of them
+    together, as transformers logs it."""
+    team = trainer.team
+    trainer.accelerator.unscale_gradients()  # once, before any clipping (mixed precision)
+    groups = [[p for _, p in team.agent_named_parameters(i)] for i in range(team.num_agents)]
+    return clip_each(groups + trainer._extra_clip_groups(), trainer.args.max_grad_norm)
 
 
 def clip_each(groups: Sequence[Sequence[torch.nn.Parameter]], max_norm: float) -> torch.Tensor:

@@ -10,16 +10,18 @@ read by `trl_marl.checkpointing.checkpoint` (crash-safe folders, the `weights_on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from trl_marl.checkpointing.atomic import write_entries_atomically
 from trl_marl.checkpointing.checkpoint import (
     PREEMPTED_EXIT_CODE,
     CheckpointError,
@@ -28,23 +30,27 @@ from trl_marl.checkpointing.checkpoint import (
     is_staging_folder,
     latest_complete_checkpoint,
     load_resume_state,
+    save_checkpoint_atomically,
 )
-from trl_marl.checkpointing.checksums import write_folder_checksums
+from trl_marl.checkpointing.checksums import CHECKSUM_FILE, write_folder_checksums
+from trl_marl.checkpointing.space import SaveError, check_output_dir, failed_save, is_write_failure, save_sizes
 from trl_marl.checkpointing.state_files import CorruptedStateError
+from trl_marl.generation.engine import GenerationUnavailable
 from trl_marl.hub import (
     CARD_FILE,
     TEAM_FILE,
     agent_role,
-    clear_saved_team,
     saved_team_entries,
     team_metadata,
     write_trainer_cards,
 )
+from trl_marl.trainers.finite import check_weights
 from trl_marl.utils.secrets import redacted_args
 
 __all__ = [
     "checkpoint_identity",
     "save_team",
+    "check_output_space",
     "resume_state",
     "restore",
     "team_description",
@@ -55,7 +61,11 @@ __all__ = [
     "load_process_state",
     "save_rng_streams",
     "load_rng_streams",
+    "damaged_rng_state_named",
     "PreemptionCallback",
+    "run_training",
+    "stop_if_preempted",
+    "preemption_covered",
     "exit_preempted",
     "save_after_generation_failure",
 ]
@@ -66,20 +76,57 @@ logger = logging.getLogger(__name__)
 def save_team(trainer: Any, output_dir: str, state_dict: dict | None = None) -> None:
     """Write `trainer`'s team to `output_dir`: `agent_1/ ... agent_n/` (`save_agents`), what the trainer saves beside
     them (`trainer._save_extra`: critics, a reward model), `team.json` and `training_args.bin` (`write_team_files`),
-    and the cards. `state_dict` is the team's (as the engine gathered it); None: the team's own."""
-    os.makedirs(output_dir, exist_ok=True)
-    # a re-used output_dir: no stale agent_i/ (an adapter_config.json, a value head), critic or reward model of an
-    # earlier run may stay beside this run's team for AgentTeam.from_pretrained or a reader to pick up
-    clear_saved_team(output_dir)
+    the cards and `checksums.json`. `state_dict` is the team's (as the engine gathered it); None: the team's own.
+
+    All or nothing: a non-finite weight is refused before anything is written (`trl_marl.trainers.finite`); the team
+    is written beside the previous one and renamed into place (`trl_marl.checkpointing.atomic`), so a save that fails
+    (a full disk: `SaveError`, naming the path and the bytes needed) leaves the previous team as it was; what an
+    earlier run saved that this one does not write (a third agent, a critic) is removed. Inside a checkpoint's
+    staging folder the checkpoint's own commit makes it atomic."""
     team = trainer.team
     if state_dict is None:
         state_dict = team.state_dict()
-    save_agents(output_dir, team, trainer.tokenizers, state_dict)
-    trainer._save_extra(output_dir, state_dict)
-    write_team_files(output_dir, trainer._team_description(), trainer.args)
-    write_trainer_cards(trainer, output_dir)
-    if not is_staging_folder(output_dir):  # a checkpoint's marker holds the digest of every file already
-        write_folder_checksums(output_dir, saved_team_entries(output_dir), exclude_names=[CARD_FILE])
+    check_weights(trainer, state_dict, output_dir)
+    if is_staging_folder(output_dir):  # a checkpoint's marker holds the digest of every file already
+        os.makedirs(output_dir, exist_ok=True)
+        _write_team(trainer, output_dir, state_dict)
+        return
+
+    def write(folder: str) -> None:
+        _write_team(trainer, folder, state_dict)
+        write_folder_checksums(folder, saved_team_entries(folder), exclude_names=[CARD_FILE])
+
+    stale = [*saved_team_entries(output_dir), CHECKSUM_FILE] if os.path.isdir(output_dir) else []
+    try:
+        write_entries_atomically(output_dir, write, stale, marker=TEAM_FILE)
+    except Exception as exc:
+        if not is_write_failure(exc) or isinstance(exc, SaveError):
+            raise
+        previous = os.path.isfile(os.path.join(output_dir, TEAM_FILE))
+        intact = "The team saved there before is intact." if previous else "Nothing was left there."
+        sizes = save_sizes(team, trainer.is_deepspeed_enabled)
+        raise failed_save(output_dir, exc, sizes, False, intact) from exc
+
+
+def _write_team(trainer: Any, folder: str, state_dict: dict) -> None:
+    save_agents(folder, trainer.team, trainer.tokenizers, state_dict)
+    trainer._save_extra(folder, state_dict)
+    write_team_files(folder, trainer._team_description(), trainer.args)
+    write_trainer_cards(trainer, folder)
+
+
+def check_output_space(trainer: Any) -> None:
+    """At construction, on the processes that save: `output_dir` must be writable and its disk must hold the largest
+    save this run makes (a checkpoint when `save_strategy` checkpoints, else the team), so that a read-only or full
+    disk is found before training, not at the end (`trl_marl.checkpointing.space`)."""
+    args = trainer.args
+    if not args.should_save:
+        return
+    sizes = save_sizes(trainer.team, trainer.is_deepspeed_enabled)
+    checkpoints = args.save_strategy != "no"
+    needed = sizes.checkpoint if checkpoints else sizes.weights
+    what = sizes.describe(checkpoints) + (" for one checkpoint" if checkpoints else " for the team")
+    check_output_dir(args.output_dir, needed, what)
 
 
 def checkpoint_identity(trainer: Any) -> dict:
@@ -243,7 +290,38 @@ def load_rng_streams(streams: Any, checkpoint: str, rank: int) -> None:
     """Restore what `save_rng_streams` wrote (nothing when the checkpoint has no such file)."""
     path = os.path.join(checkpoint, f"rng_streams_{rank}.pt")
     if os.path.isfile(path):
-        streams.load_state_dict(torch.load(path, weights_only=True))
+        with damaged_rng_state_named(checkpoint, rank, path):
+            streams.load_state_dict(torch.load(path, weights_only=True))
+
+
+@contextlib.contextmanager
+def damaged_rng_state_named(checkpoint: str | None, rank: int, path: str | None = None) -> Iterator[None]:
+    """A random-state file of `checkpoint` that cannot be read (transformers' `rng_state*.pth`, or `path`) is a
+    `CorruptedStateError` naming the file and what to do, instead of torch's `weights_only` advice."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 -- an unpickling / zip error of a damaged file
+        if checkpoint is None:
+            raise
+        if path is None:
+            single = os.path.join(checkpoint, "rng_state.pth")
+            path = single if os.path.isfile(single) else os.path.join(checkpoint, f"rng_state_{rank}.pth")
+        raise CorruptedStateError(
+            path,
+            f"the random states cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})",
+            f"the file is damaged: resume from an earlier checkpoint of {os.path.dirname(os.path.normpath(checkpoint))} "
+            "(resume_from_checkpoint=<its folder>)",
+        ) from exc
+
+
+def _any_process_requested(handler: PreemptionHandler, accelerator: Any) -> bool:
+    """Whether any process received a preemption signal (a collective when there are several processes: every
+    process must ask at the same point)."""
+    requested = handler.requested
+    if accelerator.num_processes > 1:  # a signal to any process stops all of them at the same point
+        flag = torch.tensor([1.0 if requested else 0.0], device=accelerator.device)
+        requested = accelerator.reduce(flag, reduction="sum").item() > 0
+    return requested
 
 
 class PreemptionCallback(TrainerCallback):
@@ -255,23 +333,115 @@ class PreemptionCallback(TrainerCallback):
         self.accelerator = accelerator
 
     def on_step_end(self, args, state, control, **kwargs):
-        requested = self.handler.requested
-        if self.accelerator.num_processes > 1:  # a signal to any process stops all of them at the same step
-            flag = torch.tensor([1.0 if requested else 0.0], device=self.accelerator.device)
-            requested = self.accelerator.reduce(flag, reduction="sum").item() > 0
-        if requested:
+        if _any_process_requested(self.handler, self.accelerator):
             self.handler.stop_now = True
             control.should_save = True
             control.should_training_stop = True
         return control
 
 
-def exit_preempted(trainer: Any) -> None:
+def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_checkpoint: Any, *args, **kwargs):
+    """`trainer.train()`'s phases, with SIGTERM / SIGUSR1 handled from the first to the last: restore the checkpoint
+    (`trainer._restore_for_resume`); then, inside `trainer._training_context(checkpoint)`, what comes before the
+    loop (`trainer._prepare_training`: pair collection, reward-model fitting), the training loop (`training_loop`,
+    `Trainer.train`) and what follows it (`trainer._after_training`: the final evaluation).
+
+    A signal is honoured at the next safe point, with a complete checkpoint and exit status 75: the end of the
+    current optimizer step (`PreemptionCallback`); the end of a phase before the loop (`stop_if_preempted`: the
+    checkpoint holds what the phases produced, so nothing is redone); the end of `train()`, unless an outer block
+    (`preemption_covered`: the CLI's final evaluation and save) handles it. A generation engine that stops answering
+    in the loop (`GenerationUnavailable`: a dead vLLM server) gets a checkpoint at the step boundary before its error
+    is raised (`save_after_generation_failure`)."""
+    handler = trainer._preemption
+    with handler.covering():
+        checkpoint = trainer._restore_for_resume(resume_from_checkpoint)
+        with trainer._training_context(checkpoint):
+            out = trainer._prepare_training(checkpoint)
+            if out is None:
+                loop_checkpoint = _loop_checkpoint(trainer, checkpoint)
+                # a run resumed from a checkpoint of the loop has done nothing since: that checkpoint is the state
+                stop_if_preempted(trainer, "before the first optimizer step", keep=loop_checkpoint)
+                try:
+                    out = training_loop(loop_checkpoint, *args, **kwargs)
+                except GenerationUnavailable as exc:  # a dead vLLM server: a checkpoint at the step boundary
+                    save_after_generation_failure(trainer, exc)
+                    raise
+                if handler.stop_now:
+                    exit_preempted(trainer)
+                out = trainer._after_training(out)
+        if not handler.nested:
+            stop_if_preempted(trainer, "after training")
+    return out
+
+
+def _loop_checkpoint(trainer: Any, checkpoint: str | None) -> str | None:
+    """The checkpoint `Trainer.train` resumes from: `checkpoint`, except one written before the first optimizer step
+    (a preemption during pair collection or reward-model fitting). That one holds no optimizer state and the agents
+    are the initial ones: the loop starts afresh from the restored state and the checkpoint's global random states."""
+    if checkpoint is None:
+        return None
+    with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+        if json.load(f).get("global_step", 0) > 0:
+            return checkpoint
+    trainer._load_rng_state(checkpoint)
+    return None
+
+
+def stop_if_preempted(trainer: Any, when: str, keep: str | None = None) -> None:
+    """When any process received SIGTERM / SIGUSR1: write a complete checkpoint of the trainer's state now, then exit
+    with status 75. Before the first optimizer step the checkpoint holds the agents, the random states and the resume
+    state (collected pairs, the fitted reward model), without optimizer state. `keep`: a complete checkpoint that
+    holds the current state already (none is written). Every process must call it at the same point."""
+    if not _any_process_requested(trainer._preemption, trainer.accelerator):
+        return
+    trainer._preemption.stop_now = True
+    step = trainer.state.global_step
+    path = keep or save_checkpoint_atomically(
+        trainer,
+        identity=checkpoint_identity(trainer),
+        with_optimizer=step > 0,
+        save_model=None if step > 0 else _initial_team_saver(trainer),
+    )
+    exit_preempted(trainer, path, when)
+
+
+def _initial_team_saver(trainer: Any) -> Callable[[str], None] | None:
+    """How to save the team before the training loop: `save_model`, except under DeepSpeed, whose engine (which
+    `save_model` reads) is built by the loop: the team's own weights then, gathered under ZeRO-3."""
+    if not (trainer.is_deepspeed_enabled and trainer.deepspeed is None):
+        return None
+
+    def save(folder: str) -> None:
+        from trl_marl.distributed.zero3 import gathered
+
+        with gathered(trainer.team):
+            trainer._save(folder)
+
+    return save
+
+
+@contextlib.contextmanager
+def preemption_covered(trainer: Any, what: str) -> Iterator[None]:
+    """SIGTERM / SIGUSR1 handled around `trainer.train()` and what its caller does after it (the CLI's final
+    evaluation and save): a signal that arrives after `train()` returned lets the block finish, then exits with status
+    75 (`what` says what the block left, e.g. where the team is saved). Inside `train()` the trainer's own handling
+    applies (a checkpoint at the next optimizer step)."""
+    with trainer._preemption.covering():
+        yield
+        if _any_process_requested(trainer._preemption, trainer.accelerator):
+            signal = trainer._preemption.signal_name or "another process"
+            logger.warning(f"{type(trainer).__name__}: stopped by {signal} after training; {what}")
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+
+
+def exit_preempted(trainer: Any, checkpoint: str | None = None, when: str | None = None) -> None:
     """End a preempted run: say where its checkpoint is and exit with `PREEMPTED_EXIT_CODE` (75)."""
     signal = trainer._preemption.signal_name or "another process"
+    where = checkpoint or os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
+    moment = f" ({when})" if when else ""
     logger.warning(
-        f"{type(trainer).__name__}: stopped by {signal} at step {trainer.state.global_step}; checkpoint saved in "
-        f"{trainer.args.output_dir}; resume with resume_from_checkpoint=True"
+        f"{type(trainer).__name__}: stopped by {signal} at step {trainer.state.global_step}{moment}; checkpoint saved "
+        f"in {where}; resume with resume_from_checkpoint=True"
     )
     raise SystemExit(PREEMPTED_EXIT_CODE)
 

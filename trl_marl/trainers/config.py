@@ -3,9 +3,12 @@ field works, and `TrlParser` exposes each one as a flag and in YAML)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields
+from typing import ClassVar
 
 import torch
 
@@ -16,16 +19,30 @@ if not torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") is None:
 
 from trl.trainer.base_config import _BaseConfig  # noqa: E402
 
+from trl_marl.environments.episode import TURN_ORDERS  # noqa: E402
 from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
+from trl_marl.trainers.config_checks import check_field_values  # noqa: E402
+from trl_marl.trainers.per_agent import SAMPLING_FIELDS, agent_value, check_per_agent  # noqa: E402
 from trl_marl.trainers.trl_settings import check_config_kwargs  # noqa: E402
 from trl_marl.utils.deprecation import warn_deprecated  # noqa: E402
 
-__all__ = ["MultiAgentConfig", "PARALLEL_MODES"]
+__all__ = ["MultiAgentConfig", "PARALLEL_MODES", "TEMPERATURE_RANGE", "training_args_quietly"]
 
 PARALLEL_MODES = ("none", "mp")
-# `TrainingArguments.per_device_train_batch_size`'s default: any other value was set by the user
-_TRAINING_ARGS_DEFAULT_BATCH = next(f.default for f in fields(_BaseConfig) if f.name == "per_device_train_batch_size")
+# Sampling temperatures allowed: below 0.01 the log-probs of logits / T overflow (vLLM clamps there too), above 100
+# sampling is uniform noise; `inf` and tiny values trained with a zero or NaN gradient.
+TEMPERATURE_RANGE = (0.01, 100.0)
+
+
+@contextlib.contextmanager
+def training_args_quietly() -> Iterator[None]:
+    """Build a `TrainingArguments` (ours, or the reward-model stage's `RewardConfig`) without transformers >= 5.24's
+    `gradient_checkpointing` FutureWarning: it renamed the field (`activation_checkpointing`) and warns whenever the
+    old one exists, which TRL 1.16's base config still declares. Harmless, and not the user's doing."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def _accelerator_available() -> bool:
@@ -49,14 +66,26 @@ class MultiAgentConfig(_BaseConfig):
     Batching: each process rolls out `rollout_buffer_size` task items at once (one batched `generate` per agent per
     turn covers all of them x `num_generations`) and then takes `rollout_buffer_size / train_batch_size` training
     steps, each on the samples of `train_batch_size` items (all turns of an item stay in one step, so a group is never
-    split). `per_device_train_batch_size` is set to `train_batch_size` and counts task items, not completions.
+    split). `per_device_train_batch_size` is `train_batch_size` (task items, not completions): left unset it follows
+    `train_batch_size`; set alone it IS `train_batch_size`; set to another value than `train_batch_size` it is refused.
+
+    Values are checked for meaning when the config is built (`trl_marl.trainers.config_checks`): from Python, a
+    string is never taken as a bool or a number (`bf16="false"` is refused; the command line and YAML files convert
+    their strings first), every float must be finite, and each field has its range (the error names the field, the
+    entry of a per-agent list, and the allowed values).
 
     Parameters:
         num_agents: number of agents n in the team.
         num_generations: completions G each agent samples per prompt (per node of the rollout tree).
         joint_mode: how the agents' samples combine into joint actions: `"aligned"` (G joint actions, sample j with
             sample j) or `"cross"` (the Cartesian product, G^n joint actions).
-        num_turns: turns per rollout; more than 1 needs an `external_transition`.
+        num_turns: turns per rollout; more than 1 needs an `external_transition`, or an agentic rollout (tools, an
+            environment or a sequential turn order), where it is the most turns of an episode.
+        turn_order: within a turn, `"simultaneous"` (no agent sees another's message of the same turn: the messages
+            are exchanged when the turn ends) or `"sequential"` (agent i+1 sees the messages of agents 1..i of the
+            same turn and branch; an agentic rollout, see `docs/agentic.md`).
+        max_tool_calling_iterations: tool rounds an agent may run in one turn (TRL's name): after that many, the tool
+            calls of its last completion are not run; `None` means no limit (the completion budget still ends it).
         discount: gamma, applied to the next turn's return in multi-turn rollouts (honoured, unlike the reference
             library's MAGRPO).
         early_termination_threshold: a rollout branch stops when its turn's mean processed reward exceeds this;
@@ -67,7 +96,7 @@ class MultiAgentConfig(_BaseConfig):
         max_new_tokens: deprecated alias of `max_completion_length` (warns; after construction it holds the same
             value).
         max_prompt_length: prompts longer than this are truncated from the left; `None` keeps them whole.
-        temperature: sampling temperature.
+        temperature: sampling temperature, in [0.01, 100].
         top_p: nucleus sampling.
         top_k: top-k sampling; `None` disables it.
         agent_learning_rate: learning rate of the agents' parameter groups: one rate for every agent, or a list with
@@ -148,6 +177,14 @@ class MultiAgentConfig(_BaseConfig):
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Kept False: task items reach formatters and rewards whole."}
     )
+    per_device_train_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Task items (preference trainers: pairs) per training step on each device: the same as "
+            "train_batch_size. None: train_batch_size; set alone: it sets train_batch_size; another value than "
+            "train_batch_size is refused."
+        },
+    )
 
     # Team
     num_agents: int = field(default=2, metadata={"help": "Number of agents n in the team."})
@@ -158,7 +195,19 @@ class MultiAgentConfig(_BaseConfig):
         default="aligned",
         metadata={"help": "Joint actions: 'aligned' (G) or 'cross' (G^n).", "choices": list(JOINT_MODES)},
     )
-    num_turns: int = field(default=1, metadata={"help": "Turns per rollout (>1 needs external_transition)."})
+    num_turns: int = field(
+        default=1, metadata={"help": "Turns per rollout (>1 needs external_transition, tools or an environment)."}
+    )
+    turn_order: str = field(
+        default="simultaneous",
+        metadata={
+            "help": "Within a turn: 'simultaneous' or 'sequential' (agent i+1 sees agents 1..i's messages).",
+            "choices": list(TURN_ORDERS),
+        },
+    )
+    max_tool_calling_iterations: int | None = field(
+        default=None, metadata={"help": "Tool rounds per agent turn (TRL's name); None: no limit."}
+    )
     discount: float = field(default=1.0, metadata={"help": "Discount gamma between turns."})
     early_termination_threshold: float | None = field(
         default=None, metadata={"help": "Stop a branch when its mean reward exceeds this; None disables."}
@@ -171,7 +220,7 @@ class MultiAgentConfig(_BaseConfig):
     max_prompt_length: int | None = field(
         default=None, metadata={"help": "Truncate prompts to this many tokens (from the left); None keeps them."}
     )
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature, in [0.01, 100]."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling probability mass."})
     top_k: int | None = field(default=None, metadata={"help": "Top-k sampling; None disables."})
 
@@ -293,6 +342,9 @@ class MultiAgentConfig(_BaseConfig):
 
     # False where a training step is not a slice of a rollout (preference trainers: it counts pairs)
     _train_batch_counts_rollout_items = True
+    # whether the sampling fields (`per_agent.SAMPLING_FIELDS`) take one value per agent (the MAGRPO family)
+    _per_agent_settings = False
+    _per_agent_fields: ClassVar[tuple[str, ...]] = ()  # beyond SAMPLING_FIELDS: fields that take one value per agent
     # deprecated alias -> TRL's (primary) name; subclasses extend it. After construction both hold the same value.
     _deprecated_aliases = {"max_new_tokens": "max_completion_length"}
 
@@ -319,6 +371,8 @@ class MultiAgentConfig(_BaseConfig):
         return super().__new__(cls)
 
     def __post_init__(self):
+        # before anything compares or converts a value; per-agent lists are checked entry by entry
+        check_field_values(self, frozenset(SAMPLING_FIELDS) | frozenset(self._per_agent_fields))
         if self.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
             from trl_marl.utils.import_utils import require_extra
 
@@ -328,8 +382,10 @@ class MultiAgentConfig(_BaseConfig):
             import json
 
             self.model_init_kwargs = json.loads(self.model_init_kwargs)
-        if self.bf16 is None and not self.use_cpu and not _accelerator_available():
-            self.bf16 = False
+        if not _accelerator_available():
+            if self.bf16 is None and not self.use_cpu:
+                self.bf16 = False
+            self.dataloader_pin_memory = False  # nothing to pin to; torch warns on every loader otherwise
         if not _accelerator_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             # Several processes on a CPU-only machine: gloo, and (unless DeepSpeed runs, which use_cpu would drop)
             # use_cpu so that accelerate sees a MULTI_CPU run instead of one process per rank.
@@ -337,34 +393,38 @@ class MultiAgentConfig(_BaseConfig):
                 self.ddp_backend = "gloo"
             if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
                 self.use_cpu = True
+        self._resolve_per_device_batch()
         self._validate_multi_agent()
         if self.train_batch_size is None:
             self.train_batch_size = self.rollout_buffer_size
-        pdtbs = self.per_device_train_batch_size
-        if pdtbs != self.train_batch_size and pdtbs != _TRAINING_ARGS_DEFAULT_BATCH:
-            unit = (
-                f"task items per step, here {self.train_batch_size}; it must divide rollout_buffer_size="
-                f"{self.rollout_buffer_size}, the items rolled out together"
-                if self._train_batch_counts_rollout_items
-                else f"preference pairs per step, here {self.train_batch_size}"
-            )
-            raise ValueError(
-                f"per_device_train_batch_size={pdtbs} would be overwritten: in trl_marl a training step's size is "
-                f"train_batch_size ({unit}). Set train_batch_size instead"
-            )
         self.per_device_train_batch_size = self.train_batch_size
         if self.eval_batch_size is not None:
             self.per_device_eval_batch_size = self.eval_batch_size
         if self.eval_interval is not None:
             self.eval_strategy = "steps"
             self.eval_steps = self.eval_interval
-        with warnings.catch_warnings():
-            # transformers >= 5.24 renamed `gradient_checkpointing` (`activation_checkpointing`) and warns whenever the
-            # old field exists, which TRL 1.16's base config still declares: harmless, and not the user's doing.
-            warnings.filterwarnings(
-                "ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning
-            )
+        with training_args_quietly():
             super().__post_init__()
+
+    def _resolve_per_device_batch(self) -> None:
+        """`per_device_train_batch_size` means `train_batch_size`: set alone it is taken as `train_batch_size`; set
+        beside a different `train_batch_size` it would be overwritten, so it is refused."""
+        pdtbs, tb = self.per_device_train_batch_size, self.train_batch_size
+        if pdtbs is None or pdtbs == tb:
+            return
+        if tb is None:
+            if self._train_batch_counts_rollout_items and pdtbs >= 1 and self.rollout_buffer_size % pdtbs:
+                raise ValueError(
+                    f"per_device_train_batch_size={pdtbs} (train_batch_size: the task items per step) must divide "
+                    f"rollout_buffer_size={self.rollout_buffer_size}, the items rolled out together"
+                )
+            self.train_batch_size = pdtbs
+            return
+        unit = "task items per step" if self._train_batch_counts_rollout_items else "preference pairs per step"
+        raise ValueError(
+            f"per_device_train_batch_size={pdtbs} and train_batch_size={tb} disagree: both are the {unit} on each "
+            "device; set one of them"
+        )
 
     def _validate_multi_agent(self) -> None:
         def need(cond: bool, msg: str) -> None:
@@ -372,6 +432,10 @@ class MultiAgentConfig(_BaseConfig):
                 raise ValueError(msg)
 
         need(self.num_agents >= 1, f"num_agents must be >= 1, got {self.num_agents}")
+        need(
+            self.max_steps == -1 or self.max_steps >= 1,
+            f"max_steps must be >= 1, or -1 to train num_train_epochs epochs; got {self.max_steps}",
+        )
         need(self.learning_rate >= 0, f"learning_rate must be >= 0, got {self.learning_rate}")
         alr = self.agent_learning_rate
         if isinstance(alr, (list, tuple)):
@@ -387,11 +451,19 @@ class MultiAgentConfig(_BaseConfig):
         need(self.num_generations >= 1, f"num_generations must be >= 1, got {self.num_generations}")
         need(self.joint_mode in JOINT_MODES, f"joint_mode must be one of {list(JOINT_MODES)}, got {self.joint_mode!r}")
         need(self.num_turns >= 1, f"num_turns must be >= 1, got {self.num_turns}")
+        need(self.turn_order in TURN_ORDERS, f"turn_order must be one of {list(TURN_ORDERS)}, got {self.turn_order!r}")
+        mti = self.max_tool_calling_iterations
+        need(mti is None or mti >= 0, f"max_tool_calling_iterations must be None (no limit) or >= 0, got {mti}")
         need(0.0 <= self.discount <= 1.0, f"discount must be in [0, 1], got {self.discount}")
-        need(self.max_completion_length >= 1, f"max_completion_length must be >= 1, got {self.max_completion_length}")
-        need(self.temperature > 0, f"temperature must be > 0, got {self.temperature}")
-        need(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        need(self.top_k is None or self.top_k >= 1, f"top_k must be None or >= 1, got {self.top_k}")
+        check_per_agent(self, SAMPLING_FIELDS, self.num_agents, allowed=self._per_agent_settings)
+        low, high = TEMPERATURE_RANGE
+        for i in range(self.num_agents):  # one value, or one per agent (trl_marl.trainers.per_agent)
+            temperature, top_p, top_k, length = (agent_value(getattr(self, name), i) for name in SAMPLING_FIELDS)
+            need(length >= 1, f"max_completion_length must be >= 1, got {length}")
+            need(low <= temperature <= high, f"temperature must be in [{low:g}, {high:g}], got {temperature}")
+            need(0.0 < top_p <= 1.0, f"top_p must be in (0, 1], got {top_p}")
+            need(top_k is None or top_k >= 1, f"top_k must be None or >= 1, got {top_k}")
+        need(self.max_grad_norm >= 0, f"max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
         need(self.rollout_buffer_size >= 1, f"rollout_buffer_size must be >= 1, got {self.rollout_buffer_size}")
         tb = self.train_batch_size
         need(tb is None or tb >= 1, f"train_batch_size must be None or >= 1, got {tb}")

@@ -67,10 +67,11 @@ def identity_collate(batch: list) -> list:
     return batch
 
 
-def rollout_dataloader(dataset: Any, args: Any, accelerator: Any) -> DataLoader:
+def rollout_dataloader(dataset: Any, args: Any, accelerator: Any, repeat: int | None = None) -> DataLoader:
     """The training loader of a rollout trainer: each process gets `rollout_buffer_size` items per rollout
-    (`RolloutSampler`), the same batch once per training step taken on it (`steps_per_rollout`); an epoch skips the
-    items left over after the last whole rollout batch (with a warning saying how many)."""
+    (`RolloutSampler`), the same batch once per training step taken on it (`repeat`, default `steps_per_rollout`;
+    times `num_iterations` when a generation is reused); an epoch skips the items left over after the last whole
+    rollout batch (with a warning saying how many)."""
     n_proc = accelerator.num_processes
     global_batch = args.rollout_buffer_size * n_proc
     if len(dataset) < global_batch:
@@ -90,7 +91,8 @@ def rollout_dataloader(dataset: Any, args: Any, accelerator: Any) -> DataLoader:
             skipped,
             skipped,
         )
-    sampler = RolloutSampler(len(dataset), global_batch, args.steps_per_rollout, True, args.seed)
+    repeat = args.steps_per_rollout if repeat is None else repeat
+    sampler = RolloutSampler(len(dataset), global_batch, repeat, True, args.seed)
     loader = DataLoader(
         dataset, batch_size=args.rollout_buffer_size, sampler=sampler, collate_fn=identity_collate, num_workers=0
     )

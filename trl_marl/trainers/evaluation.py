@@ -15,13 +15,14 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
+from trl_marl.data_types.rollout import generated_tokens
 from trl_marl.distributed.collective import even_chunks
 from trl_marl.generation.engine import GenerationEngine
 from trl_marl.rollout.engine import JointRollout
 from trl_marl.rollout.returns import rollout_returns
 from trl_marl.utils.progress import progress_bar
 
-__all__ = ["TaskEvaluator"]
+__all__ = ["TaskEvaluator", "final_evaluation"]
 
 
 class TaskEvaluator:
@@ -124,9 +125,24 @@ class TaskEvaluator:
                     counts[f"{key}/expected_return"] += r.numel()
                 for i in range(self.num_agents):
                     samples = rollout.samples_of_agent(i)
-                    sums[f"agent_{i + 1}/completion_length"] += sum(s.completion_ids.numel() for s in samples)
+                    sums[f"agent_{i + 1}/completion_length"] += sum(generated_tokens(s) for s in samples)
                     counts[f"agent_{i + 1}/completion_length"] += len(samples)
+                for k, v in rollout.metrics.items():  # the rollout engine's own (agentic: tools, episodes)
+                    extra[k].append(float(v))
                 if self.metrics_callback is not None:
                     for k, v in (self.metrics_callback(rollout.records(returns.joint)) or {}).items():
                         extra[k].append(float(v))
         return sums, counts, extra
+
+
+def final_evaluation(trainer: Any, out: Any) -> Any:
+    """Evaluate `trainer` after training (when it has an eval dataset): print `eval_reward` and add the metrics to
+    `out`, the `TrainOutput` of the training loop (the preference trainers' `_after_training`)."""
+    if trainer.eval_dataset is None or out is None:
+        return out
+    from transformers.trainer_utils import TrainOutput
+
+    metrics = trainer.evaluate()
+    if trainer.accelerator.is_main_process:
+        print(f"[trl_marl] final evaluation: eval_reward={metrics['eval_reward']:.4f}")
+    return TrainOutput(out.global_step, out.training_loss, {**(out.metrics or {}), **metrics})

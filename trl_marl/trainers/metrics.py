@@ -19,7 +19,7 @@ import torch
 from accelerate.utils import gather_object
 from torch import nn
 
-from trl_marl.data_types.rollout import Rollout
+from trl_marl.data_types.rollout import Rollout, generated_tokens
 from trl_marl.rollout.returns import RolloutReturns
 
 __all__ = [
@@ -43,7 +43,8 @@ def team_rollout_metrics(rollout: Any, eos_ids: Sequence[Sequence[int]]) -> dict
     - `reward_std`: mean over the rollout nodes (one prompt, G joint actions: TRL's groups) of the std of the raw
       rewards in the node;
     - `frac_reward_zero_std`: fraction of nodes whose raw rewards are all equal (std < 1e-8: no learning signal);
-    - `completions/mean_length`, `/min_length`, `/max_length`: completion tokens over every agent's samples;
+    - `completions/mean_length`, `/min_length`, `/max_length`: completion tokens over every agent's samples (the
+      tokens the agents generated: tool results are not counted, as in TRL);
     - `completions/clipped_ratio`: fraction of samples that stop without an EOS token (cut at
       `max_completion_length`).
     """
@@ -56,7 +57,7 @@ def team_rollout_metrics(rollout: Any, eos_ids: Sequence[Sequence[int]]) -> dict
         out["frac_reward_zero_std"] = (stds < 1e-8).float().mean().item()
     samples = rollout.samples
     if samples:
-        lengths = torch.tensor([float(s.completion_ids.numel()) for s in samples])
+        lengths = torch.tensor([float(generated_tokens(s)) for s in samples])
         out["completions/mean_length"] = lengths.mean().item()
         out["completions/min_length"] = lengths.min().item()
         out["completions/max_length"] = lengths.max().item()
@@ -195,7 +196,7 @@ class MetricsRecorder:
             samples = rollout.samples_of_agent(i)
             if not samples:
                 continue
-            lengths = torch.tensor([float(s.completion_ids.numel()) for s in samples])
+            lengths = torch.tensor([float(generated_tokens(s)) for s in samples])
             rets = returns.of_agent(i)
             m[f"agent_{i + 1}/completion_length"].append(lengths.mean().item())
             m[f"agent_{i + 1}/return_mean"].append(rets.mean().item())
@@ -213,6 +214,8 @@ class MetricsRecorder:
             m[k].append(v)
         for name, mean in (reward_components or {}).items():
             m[f"rewards/{name}/mean"].append(mean)
+        for k, v in rollout.metrics.items():  # the rollout engine's own (agentic: tools, episodes)
+            m[k].append(v)
         self.tokens_since_log += rollout_num_tokens(rollout)
         if keep_records:
             self.completion_records = records

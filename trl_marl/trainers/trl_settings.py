@@ -25,8 +25,12 @@ _NO_LENGTH = (
     "a sequence is at most their sum"
 )
 _TR_DPO = (
-    "not supported yet: the reference of the reference-KL penalty and of MADPO is the initial policy, never synced "
-    "(TR-DPO's sync_ref_model / ref_model_mixup_alpha / ref_model_sync_steps)"
+    "a setting of the MAGRPO family's loss-side reference (MAGRPOConfig(loss_type=..., beta=..., sync_ref_model=True)); "
+    "the reference of the reward-side KL penalty and of MADPO is the initial policy, never synced"
+)
+_ADAPTIVE_ENTROPY = (
+    "not supported yet: the MAGRPO family takes a static entropy bonus (MAGRPOConfig(loss_type=..., entropy_coef=...)); "
+    "TRL's adaptive controller (use_adaptive_entropy, entropy_coef_min / _max / _delta, entropy_target) is not wired"
 )
 
 # field name -> what to use in trl_marl instead, or why it is not supported (for a config that lacks the field)
@@ -48,15 +52,17 @@ TRL_CONFIG_SETTINGS: dict[str, str] = {
     "ds3_gather_for_generation": "not needed: under ZeRO-3 each agent is gathered for its own generate call, one agent "
     "at a time (docs/scaling.md)",
     "shuffle_dataset": "not supported: task items are always reshuffled every epoch with the run's seed",
-    "generation_batch_size": "rollout_buffer_size (task items rolled out together) with steps_per_rollout (training "
-    "steps taken on one rollout)",
-    "steps_per_generation": "steps_per_rollout (training steps taken on one rollout)",
+    "generation_batch_size": "the MAGRPO family has it (MAGRPOConfig); elsewhere rollout_buffer_size (task items "
+    "rolled out together) with steps_per_rollout (training steps taken on one rollout)",
+    "steps_per_generation": "the MAGRPO family has it (MAGRPOConfig); elsewhere steps_per_rollout (training steps "
+    "taken on one rollout)",
     "min_p": "not supported by this trainer's sampling settings (the MAGRPO family has it: MAGRPOConfig(min_p=...))",
     "generation_kwargs": "not supported by this trainer (the MAGRPO family has it: MAGRPOConfig(generation_kwargs=...))",
     "chat_template_kwargs": "return chat messages from a formatter, rendered with each agent's chat template; extra "
     "template arguments are not supported",
     "repetition_penalty": "not supported by this trainer (the MAGRPO family has it: MAGRPOConfig(repetition_penalty=...))",
-    "cache_implementation": "not supported: generation uses transformers' default cache",
+    "cache_implementation": "the MAGRPO family passes it to transformers' GenerationConfig through "
+    "generation_kwargs={'cache_implementation': ...}; elsewhere generation uses transformers' default cache",
     "vllm_structured_outputs_regex": "not supported: vLLM structured outputs are not wired for a team",
     "num_iterations": "on the MAGRPO family it is TRL's num_iterations (optimizer steps per generation); the "
     "iterative preference trainers count their rounds with num_rounds",
@@ -74,21 +80,20 @@ TRL_CONFIG_SETTINGS: dict[str, str] = {
     "multi_objective_aggregation": "a GRPO setting of the MAGRPO family (MAGRPOConfig); elsewhere several reward "
     "functions are summed with reward_weights",
     "scale_rewards": "a GRPO setting of the MAGRPO family (MAGRPOConfig); actor-critic trainers normalize advantages "
-    "with advantage_normalization",
+    "with advantage_normalization (a critic's TD errors are not a group's rewards)",
     "mask_truncated_completions": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
     "sync_ref_model": _TR_DPO,
     "ref_model_mixup_alpha": _TR_DPO,
     "ref_model_sync_steps": _TR_DPO,
     "top_entropy_quantile": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
     "entropy_coef": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
-    "use_adaptive_entropy": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
-    "entropy_coef_min": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
-    "entropy_coef_max": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
-    "entropy_coef_delta": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
-    "entropy_target": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
+    "use_adaptive_entropy": _ADAPTIVE_ENTROPY,
+    "entropy_coef_min": _ADAPTIVE_ENTROPY,
+    "entropy_coef_max": _ADAPTIVE_ENTROPY,
+    "entropy_coef_delta": _ADAPTIVE_ENTROPY,
+    "entropy_target": _ADAPTIVE_ENTROPY,
     "off_policy_mask_threshold": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
     "use_bias_correction_kl": "a GRPO loss setting of the MAGRPO family (MAGRPOConfig)",
-    "max_tool_calling_iterations": "agentic teams: see docs/agentic.md (tools=, environment_factory=)",
     "vllm_importance_sampling_correction": "a setting of the MAGRPO family with use_vllm (MAGRPOConfig)",
     "vllm_importance_sampling_mode": "a setting of the MAGRPO family with use_vllm (MAGRPOConfig)",
     "vllm_importance_sampling_clip_max": "a setting of the MAGRPO family with use_vllm (MAGRPOConfig)",
@@ -133,8 +138,6 @@ TRL_TRAINER_ARGUMENTS: dict[str, str] = {
     "model=[...] with peft_config",
     "rollout_func": "not supported: the rollout is the team's joint rollout; a custom multi-turn step is "
     "external_transition=, an environment is environment_factory=",
-    "tools": "agentic teams: see docs/agentic.md",
-    "environment_factory": "agentic teams: see docs/agentic.md",
     "ref_model": "not needed: the reference is each agent's initial weights (or its base with the adapter disabled, "
     "with peft_config)",
     "data_collator": "not supported: the trainers lay out their own batches (one masked forward pass per agent)",

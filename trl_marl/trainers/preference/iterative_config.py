@@ -91,13 +91,14 @@ class IterativeConfigMixin:
         comparator_num_candidates: candidates the comparator samples per item (default: `preference_num_candidates`).
         replay_kwargs: keyword arguments for the replay mode's constructor, besides `k`, `lam`, `sample_size` (a
             dict or a JSON object): a plugin's own options.
-        comparator_generation_mode, comparator_centralized_agent_index, comparator_model_name, comparator_agents,
-            comparator_devices, comparator_history_k, comparator_api_url, comparator_api_format, comparator_api_model,
-            comparator_api_key_env, comparator_api_timeout, comparator_api_max_response_bytes, comparator_api_headers,
-            comparator_api_extra_body, comparator_api_max_n_per_request, comparator_api_response_field,
-            comparator_api_max_retries, comparator_api_retry_backoff, comparator_api_max_concurrency: deprecated
-            aliases of keys of `comparator_kwargs` (`DEPRECATED_COMPARATOR_FIELDS`); a value given here moves there
-            with a FutureWarning, and giving a key both ways is an error.
+        comparator_*: deprecated aliases of keys of `comparator_kwargs` (`DEPRECATED_COMPARATOR_FIELDS`): a value
+            given here moves there with a FutureWarning, and giving a key both ways is an error. They are
+            `comparator_generation_mode`, `comparator_centralized_agent_index`, `comparator_model_name`,
+            `comparator_agents`, `comparator_devices`, `comparator_history_k`, `comparator_api_url`,
+            `comparator_api_format`, `comparator_api_model`, `comparator_api_key_env`, `comparator_api_timeout`,
+            `comparator_api_max_response_bytes`, `comparator_api_headers`, `comparator_api_extra_body`,
+            `comparator_api_max_n_per_request`, `comparator_api_response_field`, `comparator_api_max_retries`,
+            `comparator_api_retry_backoff` and `comparator_api_max_concurrency`.
     """
 
     num_rounds: int = field(default=3, metadata={"help": "Rounds of collect -> store -> select -> train."})

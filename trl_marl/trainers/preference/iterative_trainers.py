@@ -38,6 +38,7 @@ class MADPOIterTrainer(MADPOTrainer):
     _tag_names = ["trl", "trl_marl", "multi-agent", "madpo", "iterative-dpo"]
     config_class = MADPOIterConfig
     args_class = MADPOIterConfig
+    runs_rounds = True  # its pairs come from the rounds: given pairs are refused
     _precompute_from_initial_agents = False  # later rounds' pairs are collected after updates
 
     def __init__(
@@ -100,10 +101,8 @@ class MADPOIterTrainer(MADPOTrainer):
     def _prepare_inputs(self, batch):
         return {"pairs": batch}
 
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        checkpoint = self._restore_for_resume(resume_from_checkpoint)
-        with self.rounds.running(checkpoint):
-            return super().train(checkpoint, *args, **kwargs)
+    def _training_context(self, checkpoint):
+        return self.rounds.running(checkpoint)
 
     def _rng_round(self) -> int:
         return self.rounds.stream_round

@@ -13,7 +13,8 @@ forward over winners and losers, `DPOTrainer._compute_loss`'s scheme with TRL's 
 response's log-ratios), and an optional per-agent reference model (`ref_model`, `precompute_ref_log_probs`, TRL's
 names) turns each log-prob into `log pi_i - log pi_ref,i`. Metrics are DPO's: `rewards/chosen`, `rewards/rejected`,
 `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected` (of the joint response). The trainer first
-collects preference pairs from the task items with the initial agents (see `pairs.py`), then runs
+collects preference pairs from the task items with the initial agents (see `pairs.py`), or takes the pairs it is
+given (a preference dataset in TRL's format with one set of columns per agent, `preference_data.py`), then runs
 `num_train_epochs` over them.
 """
 
@@ -34,6 +35,7 @@ from trl_marl.data_types.rng import keyed_rng
 from trl_marl.trainers.base import MultiAgentTrainer
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.data import identity_collate
+from trl_marl.trainers.evaluation import final_evaluation
 from trl_marl.trainers.preference.data_parallel import (
     EpochDataLoader,
     GlobalBatchSampler,
@@ -42,7 +44,9 @@ from trl_marl.trainers.preference.data_parallel import (
     reference_chunks,
 )
 from trl_marl.trainers.preference.dpo_forward import PreferenceBatch
+from trl_marl.trainers.preference.pair_checks import drop_unusable, usable_pairs
 from trl_marl.trainers.preference.pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_per_item
+from trl_marl.trainers.preference.preference_data import PreferenceInputs, resolve_inputs
 from trl_marl.utils.progress import progress_bar, trainer_shows_progress
 
 __all__ = ["PreferenceConfig", "MADPOConfig", "MADPOTrainer", "PreferenceCollectionMixin", "COLLABORATION_MODES"]
@@ -209,9 +213,12 @@ assert set(PreferenceConfig._allowed_pair_selections) <= set(PAIR_SELECTIONS)
 
 
 class PreferenceCollectionMixin:
-    """Collect preference pairs from task items with the current agents and the task reward."""
+    """The preference trainers' pairs: given (preference data, records, `PreferencePair`s; see `preference_data.py`)
+    or collected from task items with the current agents and the task reward, and checked (`pair_checks.py`)."""
 
     resume_types = (PreferencePair,)
+    runs_rounds = False  # True: the iterative trainers, which collect their pairs every round
+    supports_agentic = False  # candidates are joint responses to one prompt, compared in pairs (no episodes)
 
     # where the collected candidates' mean task reward is logged. MADPO has no other rollouts, so it reuses the
     # rollout keys; MARLHF's RL rollouts log their LEARNED reward there, so it uses a key of its own (the Trainer
@@ -235,9 +242,49 @@ class PreferenceCollectionMixin:
             chat=list(self._chat_prompts) if self._chat_known else None,
         )
 
-    def _accept_pairs(self, pairs: Any) -> list[PreferencePair] | None:
-        """`preference_pairs=`: None, or records / `PreferencePair`s / a `datasets.Dataset` of records."""
-        return None if pairs is None else as_preference_pairs(pairs, self.pair_from_record)
+    def _preference_inputs(
+        self,
+        args,
+        train_dataset: Any,
+        eval_dataset: Any,
+        preference_pairs: Any,
+        reward_funcs: Any,
+        kwargs: dict,
+        needs_pairs: bool = True,
+    ) -> PreferenceInputs:
+        """Before any model loads: where the pairs and the task items come from (`preference_data.resolve_inputs`).
+        Returns what the base trainer gets (`train_dataset`, `eval_dataset`, `reward_funcs`); the formatters the
+        task items need are set in `kwargs` (the base trainer's keyword arguments)."""
+        given = reward_funcs if reward_funcs is not None else kwargs.get("reward_func")  # the deprecated alias too
+        inputs = resolve_inputs(
+            type(self).__name__,
+            args.num_agents,
+            train_dataset,
+            eval_dataset,
+            preference_pairs,
+            given,
+            kwargs.get("formatters"),
+            collects_every_round=self.runs_rounds,
+            centralized=args.collaboration_mode == "centralized",
+            needs_pairs=needs_pairs,
+        )
+        kwargs["formatters"] = inputs.formatters
+        if reward_funcs is None and given is not None:  # given as `reward_func=`: the base trainer resolves it
+            inputs.reward_func = None
+        return inputs
+
+    def _accept_pairs(self, inputs: PreferenceInputs) -> list[PreferencePair] | None:
+        """The given pairs as training pairs (tokenized by `pair_from_record`), checked: refused pairs raise, the
+        ones that would train on nothing are dropped with a count in the log; None when none were given."""
+        if inputs.pairs is None:
+            return None
+        pairs = as_preference_pairs(inputs.pairs, self.pair_from_record, inputs.source)
+        kept, summary = drop_unusable(pairs)
+        if not kept:
+            raise ValueError(f"{inputs.source}: {summary}; there is no pair left to train on")
+        if summary is not None and self.accelerator.is_main_process:
+            logger.warning("%s (%s): %s", self._name, inputs.source, summary)
+        return kept
 
     def _set_completion_ends(self, pairs: list[PreferencePair]) -> None:
         """Record, per agent, the EOS token each side ended with (None when cut), for `to_record()`."""
@@ -286,6 +333,9 @@ class PreferenceCollectionMixin:
         return TrainOutput(self.state.global_step, 0.0, {"num_pairs": 0})
 
     @torch.no_grad()
+    def _after_training(self, out):
+        return final_evaluation(self, out)  # a true post-update reward, unlike turn_1/reward_mean
+
     def collect_preference_pairs(self, dataset=None) -> list[PreferencePair]:
         """Sample K joint responses per item (this process's share, `rollout_buffer_size` items per `generate`),
         score them with the task reward, keep pairs by `pair_selection` (its random choices keyed by the item).
@@ -318,6 +368,7 @@ class PreferenceCollectionMixin:
         self.model.train(was_training)
         merged = merge_item_shares(gather_object([local]) if world > 1 else [local])
         pairs = [p for item_pairs, _ in merged for p in item_pairs]
+        pairs = usable_pairs(pairs, f"{self._name} (collected)", log=self.accelerator.is_main_process)
         rewards = [r for _, item_rewards in merged for r in item_rewards]
         mean = sum(rewards) / max(len(rewards), 1)
         # documented: these are the collected candidates' mean, not the updated policy's reward
@@ -333,9 +384,14 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
     `ref_model` (TRL's name): the frozen reference policy, one model / path for every agent or a list with one per
     agent (`None`: reference-free, unless `precompute_ref_log_probs` uses the initial agents).
 
-    `train()` collects pairs with the initial agents, then trains `num_train_epochs` over them. If no item yields a
-    non-tied pair, it logs that clearly and returns without any update. After training it evaluates the updated
-    agents with the task reward (`eval_reward`) when an `eval_dataset` is given.
+    `train_dataset` holds task items, or preference data to train on as given: TRL's preference format with one set
+    of columns per agent (`prompt_1`, `chosen_1`, `rejected_1`, ...), or a list of per-agent TRL preference datasets
+    (see `preference_data.py`); `reward_funcs` is then needed only to evaluate. Given pairs are checked
+    (`pair_checks.py`): malformed ones are refused, the ones that would train on nothing dropped with a count.
+
+    `train()` collects pairs with the initial agents unless they were given, then trains `num_train_epochs` over
+    them. If no item yields a non-tied pair, it logs that clearly and returns without any update. After training it
+    evaluates the updated agents with the task reward (`eval_reward`) when an `eval_dataset` is given.
     """
 
     _name = "MADPO"
@@ -359,8 +415,11 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
     ):
         args = self._checked_args(args)
         self.adapter = adapter  # the roles' adapter in centralized mode (`_setup_roles`)
-        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, **kwargs)
-        self.pairs: list[PreferencePair] | None = self._accept_pairs(preference_pairs)
+        inputs = self._preference_inputs(args, train_dataset, eval_dataset, preference_pairs, reward_funcs, kwargs)
+        super().__init__(
+            model, inputs.reward_func, args, inputs.train_dataset, inputs.eval_dataset, processing_class, **kwargs
+        )
+        self.pairs: list[PreferencePair] | None = self._accept_pairs(inputs)
         self.ref_models = self._load_ref_models(ref_model)
         if self.ref_models is None and args.precompute_ref_log_probs and not self._precompute_from_initial_agents:
             raise ValueError(
@@ -430,12 +489,11 @@ class MADPOTrainer(PreferenceCollectionMixin, MultiAgentTrainer):
     def _prepare_inputs(self, batch):
         return {"pairs": [self.pairs[i] for i in batch]}
 
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        resume_from_checkpoint = self._restore_for_resume(resume_from_checkpoint)  # restores the collected pairs
+    def _prepare_training(self, checkpoint):
+        # the pairs: given, restored from `checkpoint`, or collected now (a preemption signal waits for the end)
         if not self._prepare_pairs():
             return self._end_without_pairs("there is nothing to learn from")
-        # a true post-update reward, unlike turn_1/reward_mean
-        return self._final_evaluation(super().train(resume_from_checkpoint, *args, **kwargs))
+        return None
 
     def _prepare_pairs(self) -> bool:
         """Before the training loop: collect the pairs (unless given or restored) and precompute their reference

@@ -1,6 +1,7 @@
 """MARLHF: multi-agent RL from preference feedback.
 
-1. Collect preference pairs between joint responses with the task reward as oracle (`pairs.py`).
+1. Collect preference pairs between joint responses with the task reward as oracle (`pairs.py`), or take the pairs
+   given (`preference_data.py`: TRL's preference format with one set of columns per agent).
 2. Fit a `JointRewardModel` (all agents' prompts and responses as one text, a scalar head, Bradley-Terry) — newly
    initialised, never falling back on the task reward — with TRL's `RewardTrainer` as a stage before the RL loop
    (sharing the outer accelerate state; its engine is released before the RL engine is built), and freeze it. Or,
@@ -30,9 +31,11 @@ import torch
 
 from trl_marl.rewards import RewardFunction
 from trl_marl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from trl_marl.trainers.checkpoints import stop_if_preempted
 from trl_marl.trainers.names import TRL_POSITIONAL
 from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin, PreferenceConfig
 from trl_marl.trainers.preference.pairs import PreferencePair
+from trl_marl.trainers.preference.preference_data import looks_like_preference_data
 from trl_marl.trainers.preference.reward_model import JointRewardModel
 from trl_marl.trainers.preference.rounds import RoundDriver, build_round_plugins
 from trl_marl.trainers.registry import algorithms
@@ -192,7 +195,6 @@ class _MARLHFMixin(PreferenceCollectionMixin):
     _name = "MARLHF"
     candidate_reward_keys = ("preference/candidate_reward_mean",)
     _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "rlhf"]
-    runs_rounds = False  # True: `MARLHFIterTrainer` and its actor-critic variants
 
     def __init__(
         self,
@@ -213,6 +215,15 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         """`comparator=` / `replay_mode=` (iterative trainers): a registered plugin name (instead of the config's
         `comparator_policy` / `preference_replay_mode`) or a ready instance (see docs/plugins.md)."""
         args = self._checked_args(args)
+        fitted = reward_model is not None or args.reward_model_path is not None
+        if fitted and (preference_pairs is not None or looks_like_preference_data(train_dataset)):
+            raise ValueError(
+                "a fitted reward model is given (reward_model= or reward_model_path), so no reward model is fitted "
+                "and the preference pairs would not be used: pass the pairs, or the fitted reward model"
+            )
+        inputs = self._preference_inputs(
+            args, train_dataset, eval_dataset, preference_pairs, reward_funcs, kwargs, needs_pairs=not fitted
+        )
         if self.runs_rounds:  # their errors come before any model loads
             round_plugins = build_round_plugins(args, comparator, replay_mode)
         elif comparator is not None or replay_mode is not None:
@@ -223,10 +234,12 @@ class _MARLHFMixin(PreferenceCollectionMixin):
             reward_model = JointRewardModel.load(args.reward_model_path, max_length=args.reward_max_length)
         self.reward_model = reward_model
         self.adapter = adapter  # the roles' adapter in centralized mode (`_setup_roles`)
-        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, **kwargs)
+        super().__init__(
+            model, inputs.reward_func, args, inputs.train_dataset, inputs.eval_dataset, processing_class, **kwargs
+        )
         if reward_model is not None:  # under ZeRO-3 / FSDP2: sharded like the reference models
             reward_model.prepare_for_scoring(self.accelerator, args.reward_model_device)
-        self.pairs = self._accept_pairs(preference_pairs)
+        self.pairs = self._accept_pairs(inputs)
         # RL rollouts score with the learned reward; `rollout_engine` keeps the task reward (pairs, evaluation)
         self.train_rollout_engine = copy.copy(self.rollout_engine)
         self.train_rollout_engine.reward = RewardFunction(self._learned_reward, self.num_agents)
@@ -310,20 +323,21 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         lo = rm.score([p.prompts for p in self.pairs], [p.loser_completions for p in self.pairs])
         return sum(a > b for a, b in zip(w, lo)) / len(w)
 
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        # resuming restores the collected pairs and the fitted reward model (no re-collection, no re-fit), or the
-        # rounds (`RoundDriver.running`)
-        checkpoint = self._restore_for_resume(resume_from_checkpoint)
-        if self.rounds is not None:
-            with self.rounds.running(checkpoint):
-                return self._final_evaluation(super().train(checkpoint, *args, **kwargs))
-        if self.reward_model is None:
-            if self.pairs is None:
-                self.pairs = self.collect_preference_pairs()
-            if not self.pairs:
-                return self._end_without_pairs("no reward model can be fitted")
-            self.fit_reward_model()
-        return self._final_evaluation(super().train(checkpoint, *args, **kwargs))
+    def _training_context(self, checkpoint):
+        return self.rounds.running(checkpoint) if self.rounds is not None else super()._training_context(checkpoint)
+
+    def _prepare_training(self, checkpoint):
+        # resuming restored the collected pairs and the fitted reward model (no re-collection, no re-fit); a
+        # preemption signal is honoured at the end of each phase, with what it produced in the checkpoint
+        if self.rounds is not None or self.reward_model is not None:
+            return None
+        if self.pairs is None:
+            self.pairs = self.collect_preference_pairs()
+        if not self.pairs:
+            return self._end_without_pairs("no reward model can be fitted")
+        stop_if_preempted(self, "after the preference pair collection")
+        self.fit_reward_model()
+        return None
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         # a sharded reward model is gathered on every rank (a collective) before the main process writes it
@@ -441,6 +455,8 @@ class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):
 
     Takes the `MultiAgentTrainer` arguments plus `reward_model` (a fitted `JointRewardModel`: skips pair
     collection and reward learning), `preference_pairs` (pairs collected elsewhere) and `adapter` (centralized mode).
+    `train_dataset` holds task items, or preference data (as `MADPOTrainer` takes it) to fit the reward model on as
+    given, the RL phase then rolling out on its prompts; `reward_funcs` is then needed only to evaluate.
     `save_model` also writes `reward_model/`. With `rl_algorithm="maac"` or `"iac"` the instance built is a
     `MARLHFMAACTrainer` / `MARLHFIACTrainer` (the same pipeline on `MAACTrainer` / `IACTrainer`), which also takes
     `critic_model` / `critics`.

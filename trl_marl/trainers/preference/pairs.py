@@ -20,9 +20,11 @@ completions are kept beside it in memory for training, so nothing is re-tokenize
 
 `to_dataset()` / `PreferencePair.from_dataset()` convert pairs to and from TRL's standard preference format (a
 `datasets.Dataset` with `prompt`, `chosen`, `rejected`): over the joint transcript (what the joint reward model and
-`trl reward` read) or for one agent's side (what `DPOTrainer` reads). See docs/preference-pairs.md.
+`trl reward` read) or for one agent's side (what `DPOTrainer` reads); `from_dataset` also reads every form of
+preference data a trainer takes as `train_dataset` (`preference_data.py`). See docs/preference-pairs.md.
 `PreferencePair.from_record` turns a record (from a round file, a user's file or a `datasets.Dataset` row) back into
 a training pair with each agent's tokenizer; `as_preference_pairs` accepts records, pairs or a Dataset of records.
+Every pair given from outside is checked (`pair_checks.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from trl_marl.trainers.preference.pair_checks import check_record, record_problem, shape_problem
+from trl_marl.trainers.preference.preference_data import preference_records
 
 __all__ = [
     "PAIR_SELECTIONS",
@@ -47,8 +52,6 @@ __all__ = [
     "joint_response_text",
     "as_preference_pairs",
 ]
-
-RECORD_FIELDS = ("prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward")
 
 PAIR_SELECTIONS = ("reward_gap", "all", "random", "comparator_reward")
 
@@ -98,19 +101,35 @@ class PreferencePair:
 
     @classmethod
     def from_dataset(cls, dataset, trainer=None) -> list[PreferencePair]:
-        """Pairs back from `to_dataset()`'s output (the inverse; lossless for the texts and scores).
+        """Pairs from preference data in TRL's format: the inverse of `to_dataset()` (lossless for the texts and
+        scores), and any form a preference trainer takes as `train_dataset`.
 
-        `dataset` is the JOINT dataset (its `agent_prompts` / `agent_chosen` / `agent_rejected` columns hold every
-        agent's side), or a list with one PER-AGENT dataset per agent (rows aligned: row j of every dataset is pair
-        j). Conversational rows keep their messages in `prompt_messages`; the prompt text is then the message
-        contents (or, with `trainer`, agent i's chat template applied, as generation renders it).
+        `dataset` is one dataset with each agent's TRL columns (`prompt_1`, `chosen_1`, `rejected_1`, ...), a list
+        with one TRL preference dataset per agent (rows aligned: row j of every dataset is pair j), or the JOINT
+        dataset `to_dataset(pairs)` writes (its `agent_prompts` / `agent_chosen` / `agent_rejected` columns hold
+        every agent's side); TRL's implicit-prompt and conversational forms are read as TRL reads them
+        (`trl_marl.trainers.preference.preference_data`). Conversational prompts keep their messages in
+        `prompt_messages`; the prompt text is then the message contents (or, with `trainer`, agent i's chat
+        template applied, as generation renders it). Every row is checked (`pair_checks`).
 
         With `trainer` (any trl_marl trainer) the token ids are filled in by re-tokenizing the text the way a
-        round file is re-read (`trainer.tokenize_prompt` / `trainer.tokenize_completion`), so the pairs can be
+        round file is re-read (`PreferencePair.from_record` with the trainer's tokenizers), so the pairs can be
         trained on; without it they hold text only (enough for the joint reward model).
         """
-        records = _records_from_dataset(dataset)
-        return [_pair_from_dataset_record(rec, trainer) for rec in records]
+        records = preference_records(dataset, getattr(trainer, "num_agents", None), "dataset")
+        if trainer is None:
+            return [_text_pair(rec) for rec in records]
+        make = getattr(trainer, "pair_from_record", None)
+        if make is None:
+            args = trainer.args
+            chat = list(trainer._chat_prompts)
+            return [
+                cls.from_record(
+                    r, trainer.tokenizers, args.max_completion_length, trainer.eos_ids, args.max_prompt_length, chat
+                )
+                for r in records
+            ]
+        return [make(rec) for rec in records]
 
     @classmethod
     def from_record(
@@ -140,13 +159,9 @@ class PreferencePair:
                 infers it: no special tokens when the text already starts with the tokenizer's BOS.
         """
         n = len(tokenizers)
-        missing = [k for k in RECORD_FIELDS if k not in record]
-        if missing:
-            raise ValueError(f"a preference record needs the fields {list(RECORD_FIELDS)}; missing {missing}")
-        for key in ("prompts", "winner_completions", "loser_completions"):
-            value = record[key]
-            if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
-                raise ValueError(f"record[{key!r}] must be a list with one entry per agent ({n}), got {value!r:.200}")
+        problem = shape_problem(record, n) or record_problem(record)
+        if problem is not None:
+            raise ValueError(problem)
         from trl_marl.data_types.text import UNKNOWN_EOS
         from trl_marl.models.loading import completion_token_ids
         from trl_marl.rollout.prompts import render_prompt
@@ -176,6 +191,7 @@ class PreferencePair:
             ]
 
         w, lo = float(record["winner_reward"]), float(record["loser_reward"])
+        messages = [p if _is_messages(p) else None for p in record["prompts"]]
         return cls(
             prompts=prompts,
             winner_completions=[str(c) for c in record["winner_completions"]],
@@ -191,13 +207,17 @@ class PreferencePair:
             comparator_raw_reward=record.get("comparator_raw_reward"),
             winner_eos=record.get("winner_eos"),
             loser_eos=record.get("loser_eos"),
+            prompt_messages=messages if any(messages) else None,
         )
 
 
-def as_preference_pairs(pairs: Any, make_pair: Callable[[dict], PreferencePair]) -> list[PreferencePair]:
+def as_preference_pairs(
+    pairs: Any, make_pair: Callable[[dict], PreferencePair], source: str = "preference_pairs"
+) -> list[PreferencePair]:
     """`preference_pairs=` as a list of `PreferencePair`: accepts `PreferencePair`s (kept as they are), records
     (dicts of `PreferencePair.to_record()`'s shape, converted by `make_pair`), a `datasets.Dataset` of records, or
-    a round file's content (`{"iteration", "num_pairs", "pairs"}`)."""
+    a round file's content (`{"iteration", "num_pairs", "pairs"}`). Every pair is checked (`pair_checks`): a
+    `ValueError` names `source` and the pair's index."""
     if isinstance(pairs, dict) and "pairs" in pairs:
         pairs = pairs["pairs"]
     if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
@@ -207,15 +227,36 @@ def as_preference_pairs(pairs: Any, make_pair: Callable[[dict], PreferencePair])
         )
     out = []
     for k, p in enumerate(pairs):
+        where = f"{source}[{k}]"
         if isinstance(p, PreferencePair):
-            out.append(p if p.prompt_ids else make_pair(p.to_record()))
+            check_record(_checked_fields(p), where)
+            out.append(p if p.prompt_ids else _named(make_pair, p.to_record(), where))
         elif isinstance(p, dict):
-            out.append(make_pair(p))
+            check_record(p, where)
+            out.append(_named(make_pair, p, where))
         else:
-            raise TypeError(
-                f"preference_pairs[{k}] must be a PreferencePair or a record (dict), got {type(p).__name__}"
-            )
+            raise TypeError(f"{where} must be a PreferencePair or a record (dict), got {type(p).__name__}")
     return out
+
+
+def _checked_fields(pair: PreferencePair) -> dict:
+    """A pair's fields as given (no conversion), for `check_record`."""
+    return {
+        "prompts": pair.prompts,
+        "winner_completions": pair.winner_completions,
+        "loser_completions": pair.loser_completions,
+        "winner_reward": pair.winner_reward,
+        "loser_reward": pair.loser_reward,
+        "candidate_reward_mean": pair.candidate_reward_mean,
+    }
+
+
+def _named(make_pair: Callable[[dict], PreferencePair], record: dict, where: str) -> PreferencePair:
+    """`make_pair(record)`, its `ValueError` prefixed with where the record came from."""
+    try:
+        return make_pair(record)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def select_pairs(
@@ -447,83 +488,20 @@ def _text(value) -> str:
     return str(value)
 
 
-def _records_from_dataset(dataset) -> list[dict]:
-    """Spec-shaped records (plus `prompt_messages`) from a joint dataset or a list of per-agent datasets."""
-    if isinstance(dataset, (list, tuple)):
-        if not dataset:
-            raise ValueError("from_dataset needs the joint dataset or a non-empty list of per-agent datasets")
-        sizes = {len(d) for d in dataset}
-        if len(sizes) != 1:
-            raise ValueError(f"the per-agent datasets must have the same number of rows (aligned pairs), got {sizes}")
-        for d in dataset:
-            _check_columns(d, ("prompt", "chosen", "rejected"))
-        n = len(dataset)
-        cols = [d.to_dict() for d in dataset]
-        out = []
-        for j in range(len(dataset[0])):
-            prompts = [cols[i]["prompt"][j] for i in range(n)]
-            out.append(
-                {
-                    "prompts": [_text(x) for x in prompts],
-                    "prompt_messages": [x if isinstance(x, list) else None for x in prompts],
-                    "winner_completions": [_text(cols[i]["chosen"][j]) for i in range(n)],
-                    "loser_completions": [_text(cols[i]["rejected"][j]) for i in range(n)],
-                    **_scores(cols[0], j),
-                }
-            )
-        return out
-    _check_columns(dataset, ("agent_prompts", "agent_chosen", "agent_rejected"))
-    cols = dataset.to_dict()
-    return [
-        {
-            "prompts": list(cols["agent_prompts"][j]),
-            "prompt_messages": None,
-            "winner_completions": list(cols["agent_chosen"][j]),
-            "loser_completions": list(cols["agent_rejected"][j]),
-            **_scores(cols, j),
-        }
-        for j in range(len(dataset))
-    ]
-
-
-def _check_columns(dataset, needed: Sequence[str]) -> None:
-    missing = [c for c in needed if c not in dataset.column_names]
-    if missing:
-        raise ValueError(
-            f"from_dataset: the dataset lacks the column(s) {missing} (it has {dataset.column_names}); pass the joint "
-            "dataset written by to_dataset(pairs), or a list of per-agent datasets to_dataset(pairs, agent=i)"
-        )
-
-
-def _scores(cols: dict, j: int) -> dict:
-    def get(name: str, default: float) -> float:
-        return float(cols[name][j]) if name in cols and cols[name][j] is not None else default
-
-    return {
-        "winner_reward": get("winner_reward", 1.0),
-        "loser_reward": get("loser_reward", 0.0),
-        "candidate_reward_mean": get("candidate_reward_mean", 0.5),
-    }
-
-
-def _pair_from_dataset_record(rec: dict, trainer=None) -> PreferencePair:
-    """One pair from a record; with a trainer, the text is (re-)tokenized as a round file's records are."""
-    msgs = rec.get("prompt_messages")
-    prompts = list(rec["prompts"])
-    if trainer is not None and msgs:
-        prompts = [trainer.rollout_engine.render(i, m) if m else prompts[i] for i, m in enumerate(msgs)]
-    pair = PreferencePair(
-        prompts=prompts,
+def _text_pair(rec: dict) -> PreferencePair:
+    """A text-only pair from a record (`preference_records`): chat-message prompts as their contents, the messages
+    kept in `prompt_messages`."""
+    messages = [p if _is_messages(p) else None for p in rec["prompts"]]
+    return PreferencePair(
+        prompts=[_text(p) for p in rec["prompts"]],
         winner_completions=list(rec["winner_completions"]),
         loser_completions=list(rec["loser_completions"]),
         winner_reward=rec["winner_reward"],
         loser_reward=rec["loser_reward"],
         candidate_reward_mean=rec["candidate_reward_mean"],
-        prompt_messages=msgs if msgs and any(msgs) else None,
+        prompt_messages=messages if any(messages) else None,
     )
-    if trainer is not None:
-        n = len(prompts)
-        pair.prompt_ids = [trainer.tokenize_prompt(i, prompts[i]) for i in range(n)]
-        pair.winner_ids = [trainer.tokenize_completion(i, pair.winner_completions[i]) for i in range(n)]
-        pair.loser_ids = [trainer.tokenize_completion(i, pair.loser_completions[i]) for i in range(n)]
-    return pair
+
+
+def _is_messages(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)

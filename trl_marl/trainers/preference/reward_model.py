@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import logging
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -32,9 +33,12 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_marl.distributed.collective import even_chunks
 from trl_marl.distributed.zero3 import is_zero3
+from trl_marl.trainers.config import training_args_quietly
 from trl_marl.trainers.preference.pairs import joint_prompt_text, joint_response_text
 
 __all__ = ["JointRewardModel", "joint_text", "reward_dataset"]
+
+logger = logging.getLogger(__name__)
 
 
 def joint_text(prompts: Sequence[str], responses: Sequence[str]) -> str:
@@ -73,10 +77,18 @@ class JointRewardModel(nn.Module):
     ) -> JointRewardModel:
         """Load the backbone from `name_or_path` with a NEWLY initialised scalar head; with `seed`, the head is drawn
         from a random stream seeded with it (the global RNG streams are left as they were, never reseeded)."""
-        with _rng_preserved():
+        with _rng_preserved(), _head_load_report_silenced():
             if seed is not None:
                 torch.manual_seed(seed)
-            model = AutoModelForSequenceClassification.from_pretrained(name_or_path, num_labels=1, **kwargs)
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                name_or_path, num_labels=1, output_loading_info=True, **kwargs
+            )
+        backbone = [k for k in info["missing_keys"] if k.split(".")[0] == model.base_model_prefix]
+        if backbone or info.get("mismatched_keys"):  # what the silenced report would have said that matters
+            logger.warning(
+                f"reward model {name_or_path}: weights missing from the checkpoint {backbone} or of another shape "
+                f"{info.get('mismatched_keys')}: they are newly initialised"
+            )
         tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(name_or_path)
         return cls(model, tok, max_length)
 
@@ -264,11 +276,14 @@ class JointRewardModel(nn.Module):
             max_length=None,
             use_cpu=not torch.cuda.is_available(),
             bf16=False,
+            dataloader_pin_memory=torch.cuda.is_available(),  # nothing to pin to on a CPU (torch warns)
         )
         config.update(reward_config)
         with _rng_preserved(), _accelerate_state_preserved():
+            with training_args_quietly():
+                reward_config = RewardConfig(**config)
             trainer = _stage_reward_trainer_class()(
-                model=self.model, args=RewardConfig(**config), train_dataset=dataset, processing_class=self.tokenizer
+                model=self.model, args=reward_config, train_dataset=dataset, processing_class=self.tokenizer
             )
             if is_fsdp2(trainer.accelerator):  # per decoder layer, then the model, before the optimizer is built
                 shard_module(self.model, trainer.accelerator)
@@ -329,6 +344,24 @@ def reward_dataset(pairs: Sequence, rm: JointRewardModel):
     chosen = [rm.token_ids(joint_text(p.prompts, p.winner_completions)) for p in pairs]
     rejected = [rm.token_ids(joint_text(p.prompts, p.loser_completions)) for p in pairs]
     return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected})
+
+
+@contextlib.contextmanager
+def _head_load_report_silenced():
+    """transformers logs a LOAD REPORT table for the weights a checkpoint lacks; a backbone loaded under a NEW scalar
+    head always lacks the head (`score.weight`), which is initialised here by design: that known-harmless report is
+    silenced for the load (`from_pretrained` reports a missing backbone weight itself)."""
+
+    def not_the_load_report(record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+    # a filter, not a logger level: transformers runs extra checks (and warns) when its logger's level is raised
+    report = logging.getLogger("transformers.modeling_utils")
+    report.addFilter(not_the_load_report)
+    try:
+        yield
+    finally:
+        report.removeFilter(not_the_load_report)
 
 
 @contextlib.contextmanager

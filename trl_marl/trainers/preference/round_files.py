@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Sequence
 
 from trl_marl.checkpointing.state_files import CorruptedStateError, read_json_state, require
+from trl_marl.trainers.preference.pair_checks import record_problem
 
 __all__ = ["ROUND_RECORD_KEYS", "StoredRound", "read_round_file", "round_file_name", "write_round_file"]
 
@@ -54,8 +55,10 @@ def read_round_file(
     path: str, expected_iteration: int | None = None, num_agents: int | None = None, fix: str = _ROUND_FIX
 ) -> dict:
     """Read and validate a round file: `{"iteration", "num_pairs", "pairs"}`, the pair count and (when given) the
-    round number agree with the header, every pair has the record fields (with `num_agents` entries per list).
-    Any damage is a `CorruptedStateError` naming the file, what is wrong and `fix`."""
+    round number agree with the header, every pair has the record fields (with `num_agents` entries per list) and
+    passes `pair_checks.record_problem` (string completions, finite rewards, a winner whose recorded reward is not
+    below the loser's: a pair whose winner and loser were swapped is refused). Any damage is a
+    `CorruptedStateError` naming the file, the pair's index, what is wrong and `fix`."""
     data = read_json_state(path, fix)
     iteration = require(data, "iteration", int, path, fix)
     num_pairs = require(data, "num_pairs", int, path, fix)
@@ -74,6 +77,9 @@ def read_round_file(
             for key in ROUND_RECORD_KEYS[:3]:
                 if not isinstance(rec[key], list) or len(rec[key]) != num_agents:
                     raise CorruptedStateError(path, f"pair {k}'s {key!r} should list {num_agents} entries", fix)
+        problem = record_problem(rec)
+        if problem is not None:
+            raise CorruptedStateError(path, f"pair {k}: {problem}", fix)
     return data
 
 

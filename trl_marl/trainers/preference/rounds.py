@@ -51,6 +51,7 @@ from trl_marl.plugins.comparators_protocol import check_comparator_output
 from trl_marl.plugins.registry import COMPARATOR_GROUP, load_plugin
 from trl_marl.plugins.replay import make_replay_mode
 from trl_marl.trainers.preference.data_parallel import collection_chunks, merge_item_shares
+from trl_marl.trainers.preference.pair_checks import usable_pairs
 from trl_marl.trainers.preference.pairs import PreferencePair, select_aligned_pairs
 from trl_marl.trainers.preference.round_files import StoredRound, read_round_file, round_file_name, write_round_file
 from trl_marl.utils.progress import progress_bar, trainer_shows_progress
@@ -221,7 +222,10 @@ class RoundDriver:
         self._current_pairs = {id(r): p for r, p in zip(records, pairs)}
         rounds = [StoredRound(r["path"], r["num_pairs"], r["iteration"], t.num_agents) for r in self.stored[:-1]]
         selected = self.replay_mode.select(rounds + [records], t.rng_streams.numpy("replay", nu))
-        train_pairs = [self._pair_from_record(r) for r in selected]
+        # what would train on nothing (chosen == rejected, an empty completion) is dropped and counted (pair_checks)
+        train_pairs = usable_pairs(
+            [self._pair_from_record(r) for r in selected], f"{t._name} round {nu}", t.accelerator.is_main_process
+        )
         m = t._metrics["train"]
         m["iter/current_iteration"].append(float(nu))
         m["iter/current_preference_pairs"].append(float(len(records)))

@@ -1,0 +1,129 @@
+"""What every trainer config checks of its values before anything else (`check_field_values`, called first in
+`MultiAgentConfig.__post_init__`, so for every subclass and every field, TrainingArguments' included).
+
+- **Types, against the field's annotation.** A field annotated with booleans or numbers only (`bf16: bool | None`,
+  `learning_rate: float`, `agent_learning_rate: list[float] | None`) takes those from Python: a string is refused
+  with the value to write instead (`bf16="false"` would be truthy; `learning_rate="1e-3"` would fail later, far from
+  the cause). The command line and `--config` YAML files are unaffected: `TrlParser` converts their strings to the
+  annotated types before the config is built. A bool is not taken as a number (`num_agents=True`), nor a float as an
+  integer (`max_steps=1e3`). Fields whose annotation admits a string (`report_to`, `lr_scheduler_type`) are left to
+  their own checks.
+- **Finite floats.** Every float (each entry of a list of per-agent values too) must be finite: `inf` and `nan`
+  reach the loss as NaN weights or as a zero gradient, never as an error. `INFINITE_ALLOWED` lists the fields where
+  `inf` is a meaningful setting.
+
+Each config's ranges (`temperature` in [0.01, 100], `beta > 0`, ...) are its own `_validate_multi_agent`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+import types
+import typing
+from typing import Any
+
+__all__ = ["INFINITE_ALLOWED", "check_field_values"]
+
+# Fields where `inf` means something: no clipping threshold that is ever reached / no early termination.
+INFINITE_ALLOWED = frozenset({"max_grad_norm", "early_termination_threshold"})
+
+_KINDS = (bool, int, float)
+# list-annotated fields that take one value for every agent from Python too
+_SCALAR_FOR_LIST = frozenset({"agent_learning_rate"})
+_KIND_NAMES = {bool: "True or False", int: "an integer", float: "a number"}
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return tuple(a for a in typing.get_args(annotation) if a is not type(None))
+    return (annotation,)
+
+
+@functools.cache
+def _checked_fields(cls: type) -> tuple[tuple[str, type, bool, bool], ...]:
+    """`(name, kind, a list is accepted, a scalar is accepted)` of each field of `cls` annotated with one of bool /
+    int / float (or a list of it) and nothing that admits a string or another type."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 -- an annotation that does not resolve: nothing to check against
+        return ()
+    out = []
+    for f in dataclasses.fields(cls):
+        scalars, lists = set(), set()
+        for member in _members(hints.get(f.name)):
+            if member in _KINDS:
+                scalars.add(member)
+            elif (
+                typing.get_origin(member) is list and typing.get_args(member) and typing.get_args(member)[0] in _KINDS
+            ):
+                lists.add(typing.get_args(member)[0])
+            else:
+                break  # admits a string, a dict, an enum...: not this check's
+        else:
+            kinds = scalars | lists
+            kind = float if kinds == {int, float} else (kinds.pop() if len(kinds) == 1 else None)
+            if kind is not None:
+                out.append((f.name, kind, bool(lists), bool(scalars) or f.name in _SCALAR_FOR_LIST))
+    return tuple(out)
+
+
+def _kind_error(name: str, value: Any, kind: type) -> str | None:
+    """Why `value` is not a `kind` (None when it is one)."""
+    if kind is bool:
+        ok = isinstance(value, bool) or type(value).__name__ == "bool_"  # numpy's bool too
+    elif isinstance(value, bool):
+        ok = False
+    elif kind is int:
+        ok = isinstance(value, numbers.Integral)
+    else:
+        ok = isinstance(value, numbers.Real)
+    if ok:
+        return None
+    expected = _KIND_NAMES[kind]
+    if isinstance(value, str):
+        return (
+            f"{name}={value!r} is a string; {name} takes {expected}{_suggestion(value, kind)}. Strings are converted "
+            "only on the command line and in --config YAML files, never from Python"
+        )
+    return f"{name}={value!r} is a {type(value).__name__}; {name} takes {expected}"
+
+
+def _suggestion(text: str, kind: type) -> str:
+    word = text.strip().lower()
+    if kind is bool and word in ("true", "false", "yes", "no", "1", "0"):
+        return f" (write {word in ('true', 'yes', '1')} without quotes)"
+    try:
+        number = kind(text) if kind is not bool else None
+    except ValueError:
+        return ""
+    return f" (write {number!r} without quotes)" if number is not None else ""
+
+
+def check_field_values(config: Any, per_agent: frozenset[str] | set[str] = frozenset()) -> None:
+    """Refuse a value of the wrong type for its field's annotation (TypeError), or a non-finite float (ValueError),
+    naming the field (and the entry of a list) and what it takes. See the module docstring. The fields in `per_agent`
+    (`trl_marl.trainers.per_agent`: annotated with one value, the command line's form) take a list too, checked entry
+    by entry; whether the config takes a list for them, and of which length, is `check_per_agent`'s."""
+    for name, kind, accepts_list, accepts_scalar in _checked_fields(type(config)):
+        value = getattr(config, name)
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)) and (accepts_list or name in per_agent):
+            # a per-agent entry may be None where the field takes None (top_k: no limit for that agent)
+            entries = [(f"{name}[{i}]", v) for i, v in enumerate(value) if v is not None or name not in per_agent]
+        elif accepts_scalar:
+            entries = [(name, value)]
+        else:
+            raise TypeError(f"{name}={value!r} is a {type(value).__name__}; {name} takes a list of {kind.__name__}")
+        for label, v in entries:
+            problem = _kind_error(label, v, kind)
+            if problem is not None:
+                raise TypeError(problem)
+            if kind is float and not math.isfinite(v) and not (name in INFINITE_ALLOWED and math.isinf(v)):
+                raise ValueError(
+                    f"{label}={v} is not a finite number: inf and nan are refused (they train on NaN weights or a "
+                    "zero gradient without an error)"
+                )
