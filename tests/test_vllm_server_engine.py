@@ -5,6 +5,7 @@ completion from its request's seeds and the weights' step it was pushed, and rec
 The real server (vLLM engines in a separate process) is driven by the same trainer in tests/test_vllm_server.py.
 """
 
+import socket
 import threading
 
 import pytest
@@ -80,12 +81,21 @@ class FakeTeam:
         return {"agent": agent, "version": self.versions[agent], "step": step}
 
 
+class _KillableHTTPServer(_TeamHTTPServer):
+    """Keeps its open connections, so `kill` can drop the kept-alive ones too (as a killed process does)."""
+
+    def process_request(self, request, client_address):
+        self.connections.append(request)
+        super().process_request(request, client_address)
+
+
 class FakeServer:
     """A `FakeTeam` behind `trl-marl vllm-serve`'s HTTP layer on 127.0.0.1 (a port the OS picks)."""
 
     def __init__(self, team: FakeTeam):
         self.team = team
-        self.httpd = _TeamHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd = _KillableHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.connections = []
         self.httpd.team, self.httpd.closing = team, threading.Event()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
@@ -93,6 +103,11 @@ class FakeServer:
     def kill(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        for connection in self.httpd.connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
 
 
 @pytest.fixture
@@ -256,8 +271,8 @@ class KillAfter(TrainerCallback):
 def test_a_dead_server_stops_the_run_with_a_checkpoint_and_the_resumed_run_loses_nothing(
     make_args, tiny_path, items, servers, tmp_path, monkeypatch
 ):
-    """The server dies after step 2 (save_strategy="no"): the third rollout fails after the client's retries with an
-    error naming the server and the agent; the run wrote checkpoint-2 first and says so. Resumed against a new server,
+    """The server dies after step 2 (save_strategy="no"): the push before the third rollout fails after the client's
+    retries with an error naming the server and the agent; the run wrote checkpoint-2 first and says so. Resumed against a new server,
     the run ends with the weights of a run that never lost its server (the samples depend on the pushed weights and
     the checkpointed seeds only)."""
     import trl_marl.generation.vllm_server_engine as engine_module
@@ -285,7 +300,7 @@ def test_a_dead_server_stops_the_run_with_a_checkpoint_and_the_resumed_run_loses
     )
     with pytest.raises(VLLMServerError) as err:
         trainer.train()
-    assert f"vLLM server {dying.url} (agent 1) did not answer POST /generate after 3 attempt(s)" in str(err.value)
+    assert f"vLLM server {dying.url} (agent 1) did not answer POST /update_weights after 3 attempt(s)" in str(err.value)
     assert "ConnectionRefusedError" in str(err.value)
     note = " ".join(err.value.__notes__)
     assert f"the run stopped after step 2: {out}/checkpoint-2 holds it" in note and "resume_from_checkpoint" in note
@@ -303,8 +318,6 @@ def test_a_dead_server_stops_the_run_with_a_checkpoint_and_the_resumed_run_loses
 
 
 def test_a_server_that_never_comes_up_fails_the_construction_naming_it(make_args, tiny_path, items):
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
