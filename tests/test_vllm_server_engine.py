@@ -5,6 +5,7 @@ completion from its request's seeds and the weights' step it was pushed, and rec
 The real server (vLLM engines in a separate process) is driven by the same trainer in tests/test_vllm_server.py.
 """
 
+import contextlib
 import socket
 import threading
 
@@ -104,10 +105,8 @@ class FakeServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         for connection in self.httpd.connections:
-            try:
+            with contextlib.suppress(OSError):  # already closed
                 connection.shutdown(socket.SHUT_RDWR)
-            except OSError:  # already closed
-                pass
 
 
 @pytest.fixture
@@ -272,9 +271,9 @@ def test_a_dead_server_stops_the_run_with_a_checkpoint_and_the_resumed_run_loses
     make_args, tiny_path, items, servers, tmp_path, monkeypatch
 ):
     """The server dies after step 2 (save_strategy="no"): the push before the third rollout fails after the client's
-    retries with an error naming the server and the agent; the run wrote checkpoint-2 first and says so. Resumed against a new server,
-    the run ends with the weights of a run that never lost its server (the samples depend on the pushed weights and
-    the checkpointed seeds only)."""
+    retries with an error naming the server and the agent; the run wrote checkpoint-2 first and says so. Resumed
+    against a new server, the run ends with the weights of a run that never lost its server (the samples depend on
+    the pushed weights and the checkpointed seeds only)."""
     import trl_marl.generation.vllm_server_engine as engine_module
 
     real = engine_module.VLLMServerClient
@@ -300,8 +299,9 @@ def test_a_dead_server_stops_the_run_with_a_checkpoint_and_the_resumed_run_loses
     )
     with pytest.raises(VLLMServerError) as err:
         trainer.train()
-    assert f"vLLM server {dying.url} (agent 1) did not answer POST /update_weights after 3 attempt(s)" in str(err.value)
-    assert "ConnectionRefusedError" in str(err.value)
+    message = str(err.value)
+    assert f"vLLM server {dying.url} (agent 1) did not answer POST /update_weights after 3 attempt(s)" in message
+    assert "ConnectionRefusedError" in message
     note = " ".join(err.value.__notes__)
     assert f"the run stopped after step 2: {out}/checkpoint-2 holds it" in note and "resume_from_checkpoint" in note
 
