@@ -1,8 +1,9 @@
 """`trl-marl vllm-serve` as a separate process on 127.0.0.1, driven by its client (marker `vllm`; skipped where vLLM
 is not importable).
 
-Three servers start at once when the module's first test needs one (engine starts are the cost): a 2-agent team
-with one engine per agent, a 2-agent LoRA team on one multi-LoRA engine, and a 1-agent server that one test kills.
+Four servers start at once when the module's first test needs one (engine starts are the cost): a 2-agent team
+with one engine per agent, a 2-agent LoRA team on one multi-LoRA engine, a 1-agent server that one test kills, and a
+2-agent team a trainer samples through until a test kills it (section (e): the trainer with `vllm_mode="server"`).
 The tiny Llama has head_dim 64 (vLLM's CPU attention needs >= 32). Tests that change a server's weights put the
 original weights back, so the tests do not depend on their order.
 """
@@ -18,6 +19,7 @@ import time
 
 import pytest
 import torch
+from transformers import TrainerCallback
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -50,6 +52,7 @@ def launched(vllm_path, tmp_path_factory):
         "team": ["--num_agents", "2", "--gpu_memory_utilization", "0.05"],
         "lora": ["--num_agents", "2", "--enable_lora", "--max_lora_rank", "8", "--gpu_memory_utilization", "0.05"],
         "doomed": ["--num_agents", "1", "--gpu_memory_utilization", "0.05"],
+        "trainee": ["--num_agents", "2", "--gpu_memory_utilization", "0.05"],  # a trainer's, killed mid-run
     }
     folder = tmp_path_factory.mktemp("servers")
     servers = {}
@@ -337,3 +340,147 @@ def test_bad_weight_pushes_are_refused_before_the_engine_sees_them(team, lora, h
     assert all(a["failed"] is None for a in team.server_info()["agents"] + lora.server_info()["agents"])
     assert httpx.get(team.base_url + "/nope").status_code == 404
     assert httpx.get(team.base_url + "/generate").status_code == 405
+
+
+# ---------------------------------------------------------------------------------------------- (e) the trainer
+def train_args(output_dir, **overrides):
+    """A 2-agent MAGRPO run of 3 optimizer steps on colocated engines with the servers' engine settings."""
+    from trl_marl import MAGRPOConfig
+
+    settings = dict(
+        output_dir=str(output_dir),
+        num_agents=2,
+        num_generations=2,
+        max_completion_length=6,
+        rollout_buffer_size=2,
+        learning_rate=1e-2,
+        max_steps=3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        use_vllm=True,
+        vllm_gpu_memory_utilization=0.05,
+        vllm_max_model_length=MAX_MODEL_LEN,
+    )
+    return MAGRPOConfig(**{**settings, **overrides})
+
+
+def served_args(server: dict, output_dir, **overrides):
+    """`train_args` sampling through `server` (`vllm_mode="server"`)."""
+    connect(server)  # its URL, once its engines are ready
+    return train_args(output_dir, vllm_mode="server", vllm_server_base_url=server["url"], **overrides)
+
+
+def recorder(seen: list):
+    def length_reward(c1, c2):
+        seen.append((list(c1), list(c2)))
+        return [float(len(a) - len(b)) / 10 for a, b in zip(c1, c2)]
+
+    return length_reward
+
+
+def team_weights(trainer) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().clone() for p in trainer.team.parameters()])
+
+
+@pytest.fixture(scope="module")
+def items():
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": f"Write about topic {i}."} for i in range(8)])
+
+
+@pytest.fixture(scope="module")
+def colocated_run(vllm_path, items, tmp_path_factory):
+    """The 3-step run on colocated engines: what it sampled at each step, and its final weights."""
+    from trl_marl import MAGRPOTrainer
+
+    seen = []
+    args = train_args(tmp_path_factory.mktemp("colocated"))
+    trainer = MAGRPOTrainer(model=vllm_path, reward_funcs=recorder(seen), args=args, train_dataset=items)
+    trainer.train()
+    trainer.generation.close()
+    weights = team_weights(trainer)
+    del trainer
+    gc.collect()
+    return seen, weights
+
+
+def test_a_run_through_the_server_equals_the_colocated_run(launched, colocated_run, vllm_path, items, tmp_path):
+    """The same seed, the same samples: every step's completions through a team server (per-agent engines, weights
+    pushed after each optimizer step) equal the colocated engines', and so do the final weights (vLLM's CPU engine
+    is deterministic for a request's seeds)."""
+    from trl_marl import MAGRPOTrainer
+    from trl_marl.generation.vllm_server_engine import VLLMServerGeneration
+
+    seen = []
+    args = served_args(launched["trainee"], tmp_path)
+    trainer = MAGRPOTrainer(model=vllm_path, reward_funcs=recorder(seen), args=args, train_dataset=items)
+    assert isinstance(trainer.generation, VLLMServerGeneration)
+    trainer.train()
+    expected, weights = colocated_run
+    assert len(seen) == 3 and len({str(s) for s in seen}) == 3  # three different rollouts
+    assert seen == expected
+    assert torch.allclose(team_weights(trainer), weights, atol=1e-6)
+    assert trainer.generation.num_syncs == 3  # one push of the team before each rollout
+    agents = connect(launched["trainee"]).server_info()["agents"]
+    assert [a["step"] for a in agents] == [2, 2]
+
+
+class KillServerAfter(TrainerCallback):
+    """SIGKILL a server process after optimizer step `step`."""
+
+    def __init__(self, proc, step: int):
+        self.proc, self.step = proc, step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+def test_a_killed_server_stops_the_run_with_a_checkpoint_and_the_resume_loses_nothing(
+    launched, colocated_run, vllm_path, items, tmp_path, hf_model
+):
+    """The trainer's server is killed after step 2 (save_strategy="no"): the push before step 3 fails after the
+    client's retries with an error naming the server and the agent, and the run wrote checkpoint-2 first. Resumed
+    from it through another server, the run ends with the weights of the run that never lost its server."""
+    from trl_marl import MAGRPOTrainer
+
+    server = launched["trainee"]
+    args = served_args(server, tmp_path / "run")
+    trainer = MAGRPOTrainer(
+        model=vllm_path,
+        reward_funcs=recorder([]),
+        args=args,
+        train_dataset=items,
+        callbacks=[KillServerAfter(server["proc"], 2)],
+    )
+    start = time.monotonic()
+    with pytest.raises(VLLMServerError) as err:
+        trainer.train()
+    assert time.monotonic() - start < 120
+    message, note = str(err.value), " ".join(err.value.__notes__)
+    assert f"vLLM server {server['url']} (agent 1) did not answer POST /update_weights after 3 attempt(s)" in message
+    assert "ConnectionRefusedError" in message
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert f"the run stopped after step 2: {checkpoint} holds it" in note and "resume_from_checkpoint" in note
+    assert trainer.state.global_step == 2
+
+    team = launched["team"]
+    try:
+        resumed = MAGRPOTrainer(
+            model=vllm_path,
+            reward_funcs=recorder([]),
+            args=served_args(team, tmp_path / "run"),
+            train_dataset=items,
+        )
+        resumed.train(resume_from_checkpoint=True)
+    finally:  # the other tests expect the team server's original weights
+        client = connect(team)
+        client.push_model(0, hf_model)
+        client.push_model(1, hf_model)
+    assert resumed.state.global_step == 3
+    assert torch.allclose(team_weights(resumed), colocated_run[1], atol=1e-6)
