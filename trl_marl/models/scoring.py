@@ -209,7 +209,8 @@ def _rows(batch: AgentBatch, start: int, stop: int) -> AgentBatch:
     P = mask.shape[1] - C
     used_prompt = mask[:, :P].any(dim=0).nonzero()
     first = int(used_prompt[0]) if used_prompt.numel() else P - 1
-    c = max(int(batch.completion_mask[start:stop].sum(dim=1).max()), 1)
+    used_completion = mask[:, P:].any(dim=0).nonzero()  # attended, scored or not (tool-result tokens are not scored)
+    c = int(used_completion[-1]) + 1 if used_completion.numel() else 1
     cols = slice(first, P + c)
     return AgentBatch(
         batch.input_ids[start:stop, cols],

@@ -1,0 +1,153 @@
+"""`trl_marl.models.scoring`: each prompt scored once for its samples, and the rows in checkpointed chunks. Both must
+give the log-probs, entropies and gradients of one plain forward over `[prompt | completion]` per row."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from trl_marl.data_types.batches import collate_agent_batch
+from trl_marl.models import scoring
+from trl_marl.models.scoring import chunk_plan, prompt_groups, score_completions
+
+
+@pytest.fixture(scope="module")
+def model(tiny_path_module):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(tiny_path_module).train()
+
+
+@pytest.fixture(scope="module")
+def tiny_path_module():
+    from trl_marl.testing import tiny_model_path
+
+    return tiny_model_path()
+
+
+def grouped_batch(G: int = 4, seed: int = 0, tool_row: int | None = None):
+    """3 prompts of different lengths (left padding), G samples each of different lengths; `tool_row`'s middle
+    completion tokens are tool results (attended, not scored)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, completions = [], []
+    for length in (5, 9, 3):
+        prompt = torch.randint(3, 200, (length,), generator=g)
+        for _ in range(G):
+            prompts.append(prompt)
+            completions.append(torch.randint(3, 200, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g))
+    masks = None
+    if tool_row is not None:
+        completions[tool_row] = torch.randint(3, 200, (7,), generator=g)
+        masks = [None] * len(completions)
+        masks[tool_row] = torch.tensor([1, 1, 0, 0, 1, 1, 1])
+    return collate_agent_batch(prompts, completions, 0, masks)
+
+
+def plain_scores(model, batch, temperature=0.7):
+    """One forward over `[prompt | completion]` per row: the reference."""
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    C = batch.num_completion_tokens
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=C + 1,
+        use_cache=False,
+    )
+    logp = torch.log_softmax(out.logits[:, :-1].float() / temperature, -1)
+    return logp.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def grads(model, loss):
+    model.zero_grad()
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def weighted(logp, batch):
+    w = torch.arange(1, logp.shape[0] + 1, dtype=logp.dtype).unsqueeze(1)
+    return (logp * w * batch.completion_mask).sum()
+
+
+def test_prompt_groups_are_the_runs_of_equal_prompts():
+    assert prompt_groups(grouped_batch(G=4)).tolist() == [4, 4, 4]
+
+
+@pytest.mark.parametrize("rows", [None, 3, 5, 1])
+def test_shared_prompts_and_chunks_give_the_plain_forward_scores_and_gradients(model, rows):
+    """Shared prompts (each run once for its 4 samples, its KV cache repeated) and chunks of `rows` rows (all but the
+    last recomputed in the backward): the log-probs and every parameter's gradient of the plain forward."""
+    batch = grouped_batch(tool_row=6)
+    expected = plain_scores(model, batch)
+    expected_grad = grads(model, weighted(expected, batch))
+    logp, entropy = score_completions(model, batch, 0.7, return_entropy=True, rows=rows)
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(logp[mask], expected[mask], atol=1e-5)
+    assert entropy.shape == logp.shape and not entropy.requires_grad
+    torch.testing.assert_close(grads(model, weighted(logp, batch)), expected_grad, rtol=1e-5, atol=2e-4)
+
+
+def test_chunked_scoring_keeps_one_chunk_of_activations(model):
+    """What the forward keeps for the backward (autograd's saved tensors): with chunks of 2 rows, the checkpointed
+    chunks keep their inputs only, so the peak is a fraction of the one-forward graph's."""
+
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved_bytes(rows):
+        storages = {}
+
+        def pack(t):  # activations: the storages saved for the backward, the weights left out
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in weights:
+                storages[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            score_completions(model, batch, 0.7, rows=rows)
+        return sum(storages.values())
+
+    batch = grouped_batch(G=4)
+    whole, chunked = saved_bytes(12), saved_bytes(2)
+    assert chunked < 0.25 * whole, (chunked, whole)  # measured 0.13: one 2-row chunk of 12 rows, and inputs
+
+
+def test_the_automatic_plan_is_one_forward_within_the_budget_and_group_aligned_chunks_above(model, monkeypatch):
+    batch = grouped_batch(G=4)
+    assert chunk_plan([model, model], [batch, None]) == [(12, True), None]
+    assert chunk_plan([model, model], [batch, batch], rows=5) == [(5, False), (5, True)]
+    per_row, group = scoring._per_row(model, batch)
+    monkeypatch.setattr(scoring, "budget_bytes", lambda m: 9 * per_row)  # 9 rows fit: two groups of 4
+    assert chunk_plan([model, model], [batch, batch]) == [(8, False), (8, True)]
+    monkeypatch.setattr(scoring, "budget_bytes", lambda m: 3 * per_row)  # not a group: as many rows as fit
+    assert chunk_plan([model], [batch]) == [(3, True)]
+
+
+def test_logprob_batch_size_is_checked(tmp_path):
+    from trl_marl import MAGRPOConfig
+
+    with pytest.raises(ValueError, match=r"logprob_batch_size must be None \(sized from memory\) or >= 1, got 0"):
+        MAGRPOConfig(output_dir=str(tmp_path), logprob_batch_size=0, report_to="none")
+
+
+def test_shared_prefill_generates_the_samples_of_plain_generate(model):
+    """transformers' `generate` with G samples per prompt, against the same call with each prompt's KV cache computed
+    once and repeated (`hf._shared_prefill`): the same tokens for the same seed."""
+    from transformers import GenerationConfig
+
+    from trl_marl.generation import hf
+
+    batch = grouped_batch(G=1)
+    P = batch.input_ids.shape[1] - batch.num_completion_tokens
+    ids, mask = batch.input_ids[:, :P], batch.attention_mask[:, :P]
+    config = GenerationConfig(
+        do_sample=True, max_new_tokens=8, num_return_sequences=4, pad_token_id=0, eos_token_id=None, top_k=0
+    )
+    torch.manual_seed(3)
+    shared = hf._generate(model, ids, mask, config, synced=False)
+    original = hf._shared_prefill
+    hf._shared_prefill = lambda *a: {}
+    try:
+        torch.manual_seed(3)
+        plain = hf._generate(model, ids, mask, config, synced=False)
+    finally:
+        hf._shared_prefill = original
+    assert shared.shape == plain.shape == (12, 8)
+    assert torch.equal(shared, plain)
