@@ -74,7 +74,8 @@ def test_entropy_is_logged_per_agent_from_the_loss_forward(make_args, items, tin
     logged = t.state.log_history[0]
     assert {"agent_1/entropy", "agent_2/entropy", "entropy"} <= set(logged)
     assert logged["entropy"] == pytest.approx((logged["agent_1/entropy"] + logged["agent_2/entropy"]) / 2)
-    # the loss takes ONE forward per agent; the entropy comes from it
+    # the loss's forward per agent (its prompts run once, then its completions: trl_marl.models.scoring) gives the
+    # entropy: no forward of its own
     inputs = t._rollout_step([items[0], items[1]])[0]
     calls = []
     for agent in t.team.agents:
@@ -82,7 +83,7 @@ def test_entropy_is_logged_per_agent_from_the_loss_forward(make_args, items, tin
     t._metrics.clear("train")
     t.compute_loss(t.model, inputs)
     logged = t._metrics["train"]
-    assert len(calls) == 2 and all(len(logged[f"agent_{i}/entropy"]) == 1 for i in (1, 2))
+    assert len(calls) == 4 and all(len(logged[f"agent_{i}/entropy"]) == 1 for i in (1, 2))
     # the value equals TRL's entropy_from_logits of the tempered logits on the scored tokens
     from trl.trainer.utils import entropy_from_logits
 

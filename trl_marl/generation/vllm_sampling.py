@@ -5,8 +5,9 @@ their first EOS with vLLM's sampled log-probs, and the log-prob gap metric.
 **Seeds.** Every sampled prompt carries a seed of its own (`vllm_protocol.prompt_seeds`: the call's base seed plus
 `r * n` for prompt r; vLLM gives the j-th of its n samples seed + j), and the base seed of each agent's call is drawn
 from the global torch RNG, which the trainer sets to its `"rollout"` stream for training rollouts
-(`trl_marl.data_types.rng`). What an agent samples then depends only on its weights, its prompts and the trainer's
-stream: not on the engine's history, not on which engine samples (a colocated one or a server, restarted or not),
+(`trl_marl.data_types.rng`); a colocated engine's own draws from that generator (it makes some while it syncs and
+samples) are kept out of the stream (`torch.random.fork_rng`). What an agent samples then depends only on its
+weights, its prompts and the trainer's stream: not on the engine's history, not on which engine samples (a colocated one or a server, restarted or not),
 not on what else the engine serves. So a run with a server samples what a colocated run samples for the same seed,
 and a resumed run samples what the uninterrupted one did. (vLLM applies a per-request generator row by row, a
 small cost per decoding step.)
@@ -156,7 +157,6 @@ class VLLMSampling(GenerationEngine):
         """`num_generations` samples per prompt for every agent (greedy: one greedy decode), rows prompt-major, as
         the transformers engine returns them; each output also carries vLLM's per-token `sampling_logprobs`, except
         on a training rollout whose step will not be logged (there they would feed nothing: None)."""
-        self._ensure_current()
         G = 1 if greedy else num_generations
         # vLLM's sampled log-probs feed only the gap metric: a training rollout whose step is not logged does not
         # ask for them (building them costs about 13% of a tiny model's generate call on CPU); other calls
@@ -166,9 +166,13 @@ class VLLMSampling(GenerationEngine):
         want_logprobs = gap_metric or not training or self.keep_sampling_logprobs
         prompt_ids = [self._prompt_ids(i, p) for i, p in enumerate(prompts_per_agent)]
         seeds = [None if greedy else draw_seed() for _ in prompt_ids]
-        t0 = time.perf_counter()
-        rows = self._sample(prompt_ids, G, greedy, want_logprobs, seeds)
-        self.generate_seconds += time.perf_counter() - t0
+        # a colocated engine draws from the global CPU generator while it syncs and samples: the trainer's stream
+        # must not depend on that (the next rollout's seeds would differ from a served run's)
+        with torch.random.fork_rng(devices=[]):
+            self._ensure_current()
+            t0 = time.perf_counter()
+            rows = self._sample(prompt_ids, G, greedy, want_logprobs, seeds)
+            self.generate_seconds += time.perf_counter() - t0
         outputs = [self._to_output(i, prompt_ids[i], rows[i], G) for i in range(len(prompt_ids))]
         self._after_generate()
         # the gap metric costs one no-grad forward per agent: only on rollouts whose step will be logged
