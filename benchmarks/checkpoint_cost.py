@@ -5,8 +5,8 @@ plain transformers `Trainer._save_checkpoint` the trainers used before, in the s
 
 Two teams of 2 agents (MAGRPO, one optimizer step taken so the optimizer has state): the tiny reference model, and a
 model-shaped one (hidden 512, intermediate 1376, 8 layers, 8 heads). Each repeat times one checkpoint of each kind
-(rotating which goes first): plain, crash-safe, and crash-safe with fsync made a no-op (the cost of durability
-itself); the figure is the median.
+(rotating which goes first): plain, crash-safe, crash-safe with fsync made a no-op (the cost of durability itself)
+and crash-safe with the marker's SHA-256 made a constant (the cost of the checksums); the figure is the median.
 """
 
 from __future__ import annotations
@@ -77,21 +77,29 @@ def measure(shape: dict, repeats: int) -> dict:
         model = t.model_wrapped
         import trl_marl.checkpointing.checkpoint as ckpt
 
-        def no_fsync():  # the same routine with fsync made a no-op: what the durability itself costs
-            real = ckpt._fsync_file, ckpt._fsync_dir
-            ckpt._fsync_file = ckpt._fsync_dir = lambda path: None
-            try:
-                t._save_checkpoint(model, None)
-            finally:
-                ckpt._fsync_file, ckpt._fsync_dir = real
+        def without(name: str, stand_in):
+            def save():  # the same routine with one piece replaced: what that piece costs
+                real = getattr(ckpt, name)
+                setattr(ckpt, name, stand_in)
+                try:
+                    t._save_checkpoint(model, None)
+                finally:
+                    setattr(ckpt, name, real)
+
+            return save
 
         plain = lambda: Trainer._save_checkpoint(t, model, None)  # noqa: E731 -- the transformers routine, as before
         atomic = lambda: t._save_checkpoint(model, None)  # noqa: E731 -- trl_marl.checkpointing.checkpoint
-        variants = [("plain", plain), ("atomic", atomic), ("atomic_no_fsync", no_fsync)]
+        variants = [
+            ("plain", plain),
+            ("atomic", atomic),
+            ("atomic_no_fsync", without("_fsync", lambda fd: None)),  # the durability itself
+            ("atomic_no_hash", without("_digest", lambda f: "0" * 64)),  # the marker's SHA-256 of every file
+        ]
         times = {name: [] for name, _ in variants}
         step = 100
         for r in range(repeats + 1):
-            order = variants[r % 3 :] + variants[: r % 3]
+            order = variants[r % len(variants) :] + variants[: r % len(variants)]
             for name, fn in order:
                 step += 1
                 t.state.global_step = step
@@ -103,6 +111,7 @@ def measure(shape: dict, repeats: int) -> dict:
         params = sum(p.numel() for p in t.team.parameters())
         plain_s, atomic_s = statistics.median(times["plain"]), statistics.median(times["atomic"])
         no_fsync_s = statistics.median(times["atomic_no_fsync"])
+        no_hash_s = statistics.median(times["atomic_no_hash"])
         return {
             "params": params,
             "plain_s": plain_s,
@@ -110,6 +119,9 @@ def measure(shape: dict, repeats: int) -> dict:
             "atomic_no_fsync_s": no_fsync_s,
             "ratio": atomic_s / plain_s,
             "ratio_no_fsync": no_fsync_s / plain_s,
+            "atomic_no_hash_s": no_hash_s,
+            "ratio_no_hash": no_hash_s / plain_s,
+            "hash_share_of_plain": (atomic_s - no_hash_s) / plain_s,
             "times": times,
             "leftover_bytes": size,
         }
@@ -128,7 +140,8 @@ def main(argv=None) -> None:
     for name, r in results.items():
         print(
             f"{name}: {r['params'] / 1e6:.2f} M params, plain {r['plain_s']:.3f} s, crash-safe {r['atomic_s']:.3f} s, "
-            f"ratio {r['ratio']:.2f}x (without fsync {r['atomic_no_fsync_s']:.3f} s, {r['ratio_no_fsync']:.2f}x)"
+            f"ratio {r['ratio']:.2f}x (without fsync {r['atomic_no_fsync_s']:.3f} s, {r['ratio_no_fsync']:.2f}x; "
+            f"without hashing {r['atomic_no_hash_s']:.3f} s, {r['ratio_no_hash']:.2f}x)"
         )
     _common.RESULTS.mkdir(parents=True, exist_ok=True)
     (_common.RESULTS / "checkpoint_cost.json").write_text(json.dumps(results, indent=2))

@@ -319,3 +319,23 @@ def test_checkpoint_fsync_skips_other_processes_temporary_files(tmp_path):
     ]
     # each digest is of the file as it is after every writer finished (the renamed temporary's final bytes)
     assert all(f["sha256"] == file_digest(str(tmp_path / f["path"])) for f in files)
+
+
+def test_checkpoint_files_are_hashed_while_fsynced_and_again_when_they_changed(tmp_path):
+    """The fsync worker hashes each file while its pages are in memory; a file that grew after that (another
+    process's file still being written when the walk met it) is hashed again at the end: the marker holds the digest
+    of its final bytes (a stale digest would make the checkpoint look corrupted when it is read)."""
+    from trl_marl.checkpointing.checkpoint import _Syncer
+    from trl_marl.checkpointing.checksums import file_digest
+
+    done, growing = tmp_path / "optimizer.pt", tmp_path / "rank_1.pt"
+    done.write_bytes(b"complete")
+    growing.write_bytes(b"first half")
+    syncer = _Syncer(str(tmp_path))
+    syncer.submit_new()
+    assert syncer.futures[str(growing)].result()[0] == file_digest(str(growing))  # hashed by the fsync worker
+    with open(growing, "ab") as f:
+        f.write(b", second half")
+    files = syncer.finish()
+    assert [(f["path"], f["size"]) for f in files] == [("optimizer.pt", 8), ("rank_1.pt", 23)]
+    assert all(f["sha256"] == file_digest(str(tmp_path / f["path"])) for f in files)

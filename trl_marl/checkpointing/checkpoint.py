@@ -17,6 +17,7 @@ checkpoint routine (counted over the process's lifetime); `set_write_hook(fn)` c
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from trl_marl.checkpointing.checksums import file_digests, mismatched_files
+from trl_marl.checkpointing.checksums import mismatched_files
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -121,39 +122,58 @@ class _Syncer:
                     self.futures[path] = self.pool.submit(_fsync_file, path)
 
     def finish(self) -> list[dict]:
-        """fsync everything (files, then folders); return the file list with sizes and SHA-256 digests."""
+        """fsync everything (files, then folders); return the file list with sizes and SHA-256 digests.
+
+        Each file was hashed by the worker that fsynced it, while its pages were in memory (`_fsync_file`), so the
+        hashing overlaps the writing of the rest of the checkpoint. A file whose size or modification time changed
+        since it was hashed (another process's file still growing when the walk met it) is fsynced and hashed
+        again here, after every process has finished writing: the marker holds the digest of the final bytes."""
         self.submit_new()
         try:
-            for future in self.futures.values():
-                future.result()
+            done = {path: future.result() for path, future in self.futures.items()}
             dirs = [root for root, _dirs, _names in os.walk(self.folder)]
             for future in [self.pool.submit(_fsync_dir, d) for d in dirs]:
                 future.result()
+            files, again = [], []
+            for path, hashed in done.items():
+                if not os.path.isfile(path):  # another process's renamed temporary file
+                    continue
+                stat = os.stat(path)
+                if hashed is None or hashed[1:] != (stat.st_size, stat.st_mtime_ns):
+                    again.append(path)
+                else:
+                    files.append((path, hashed[0], hashed[1]))
+            for path, hashed in zip(again, self.pool.map(_fsync_file, again)):
+                if hashed is not None:
+                    files.append((path, hashed[0], hashed[1]))
         finally:
             self.pool.shutdown(wait=True)
-        present = [p for p in self.futures if os.path.isfile(p)]  # not another process's renamed temporary file
-        # hashed now, after every process has finished writing (a file of another rank may still have been growing
-        # when the walk met it); the pages are in memory, and hashlib hashes on several threads at once
-        digests = file_digests(present)
-        files = [
-            {"path": os.path.relpath(p, self.folder), "size": os.path.getsize(p), "sha256": d}
-            for p, d in zip(present, digests)
-        ]
-        return sorted(files, key=lambda f: f["path"])
+        entries = [{"path": os.path.relpath(p, self.folder), "size": size, "sha256": d} for p, d, size in files]
+        return sorted(entries, key=lambda f: f["path"])
 
     def abandon(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _fsync_file(path: str) -> None:
+def _fsync_file(path: str) -> tuple[str, int, int] | None:
+    """fsync a file, then hash it while its pages are in memory: `(SHA-256, size, mtime_ns)`, size and time as they
+    were before the hashing began (`_Syncer.finish` hashes again a file that changed since); None when the file is
+    gone (renamed or removed by the process that wrote it, see `_Syncer`)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        with open(path, "rb") as f:
+            _fsync(f.fileno())
+            stat = os.fstat(f.fileno())
+            return _digest(f), stat.st_size, stat.st_mtime_ns
     except FileNotFoundError:
-        return  # renamed or removed by the process that wrote it (see _Syncer)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return None
+
+
+def _fsync(fd: int) -> None:
+    os.fsync(fd)
+
+
+def _digest(f: Any) -> str:
+    return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _fsync_dir(folder: str) -> None:
@@ -162,7 +182,7 @@ def _fsync_dir(folder: str) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
+        _fsync(fd)
     except OSError:  # some filesystems refuse fsync on folders
         pass
     finally:
