@@ -119,7 +119,7 @@ def run_ours(opts) -> dict:
             ends.append((time.perf_counter(), time.process_time()))
 
     extra = json.loads(opts.ours_config) if opts.ours_config else {}
-    cfg = MAGRPOConfig(
+    settings = dict(
         output_dir=tempfile.mkdtemp(prefix="side-by-side-"),
         num_agents=2,
         num_generations=opts.num_generations,
@@ -132,8 +132,8 @@ def run_ours(opts) -> dict:
         report_to="none",
         disable_tqdm=True,
         seed=0,
-        **extra,
     )
+    cfg = MAGRPOConfig(**{**settings, **extra})
     trainer = MAGRPOTrainer(
         model=opts.model,
         reward_funcs=reward,
@@ -142,6 +142,8 @@ def run_ours(opts) -> dict:
         callbacks=[StepEnds()],
     )
     trainer.train()
+    if opts.ours_config and "logging_steps" in extra:  # where the time went, from the trainer's own metrics
+        print({k: v for k, v in trainer.state.log_history[-2].items() if k.startswith("time/")}, file=sys.stderr)
     return _summary("trl_marl", ends, opts, after_import)
 
 

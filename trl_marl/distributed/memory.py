@@ -63,6 +63,7 @@ __all__ = [
     "count_parameters",
     "layer_parameters",
     "return_freed_tensors_to_os",
+    "ONE_PROCESS_MMAP_THRESHOLD",
     "main",
 ]
 
@@ -134,6 +135,11 @@ class MemoryEstimate:
 
 
 MMAP_THRESHOLD = 128 << 10  # bytes: host allocations from this size on get pages of their own
+# One process: only allocations of activation size get pages of their own (the team's loss forward, the optimizer's
+# temporaries); below it glibc's heap stays (mapping every parameter-sized tensor made a step ~30% slower). Measured on
+# the model-shaped 2-agent team (hidden 512, 8 layers): peak RSS 1497 -> 1389 MB at 1 MiB, 1386 MB at 512 KiB, 1481 MB
+# at 2 MiB (benchmarks/comlrl_side_by_side.py, docs/scaling.md).
+ONE_PROCESS_MMAP_THRESHOLD = 1 << 20
 
 
 def return_freed_tensors_to_os(threshold: int = MMAP_THRESHOLD) -> bool:
@@ -145,7 +151,7 @@ def return_freed_tensors_to_os(threshold: int = MMAP_THRESHOLD) -> bool:
     before sharding, and every layer the engine gathered, as RSS. `mallopt(M_MMAP_THRESHOLD, threshold)` fixes the
     threshold, so such tensors are mapped on allocation and unmapped when freed (measured on the model-shaped
     team, 2 processes: FSDP2's per-rank peak RSS went from 0.95-1.00x of DDP's to 0.51x; docs/scaling.md). trl_marl
-    calls it for multi-process CPU runs. Returns whether glibc took the setting (False elsewhere: musl, macOS,
+    calls it for CPU runs: at `MMAP_THRESHOLD` with several processes, at `ONE_PROCESS_MMAP_THRESHOLD` in one. Returns whether glibc took the setting (False elsewhere: musl, macOS,
     Windows)."""
     import ctypes
     import ctypes.util

@@ -34,7 +34,7 @@ from trl_marl.data_types.rng import RNGStreams
 from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample
 from trl_marl.data_types.text import UNKNOWN_EOS, PromptText
 from trl_marl.distributed.fsdp import enable_fsdp_on_cpu, is_fsdp2, shard_team
-from trl_marl.distributed.memory import return_freed_tensors_to_os
+from trl_marl.distributed.memory import MMAP_THRESHOLD, ONE_PROCESS_MMAP_THRESHOLD, return_freed_tensors_to_os
 from trl_marl.distributed.zero3 import fill_bucket_sizes, zero3_init_flag_honoured
 from trl_marl.hub import init_trainer_repos, push_trainer, push_trainer_checkpoint, write_trainer_cards
 from trl_marl.models.loading import completion_token_ids, ended_with_eos, eos_token_ids
@@ -172,8 +172,8 @@ class MultiAgentTrainer(_BaseTrainer):
             arguments.apply_wandb_config(args, wandb_config)
 
         # ---- the team ----
-        if args.world_size > 1 and args.device.type == "cpu":  # weights in host memory (trl_marl.distributed.memory)
-            return_freed_tensors_to_os()
+        if args.device.type == "cpu":  # weights in host memory (trl_marl.distributed.memory)
+            return_freed_tensors_to_os(MMAP_THRESHOLD if args.world_size > 1 else ONE_PROCESS_MMAP_THRESHOLD)
         self.peft_config = peft_config
         self._agent_sources = sources
         # agents and critics loaded partitioned only with zero3_init_flag (trl_marl.distributed.zero3)
