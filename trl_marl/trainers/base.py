@@ -41,6 +41,7 @@ from trl_marl.models.loading import completion_token_ids, ended_with_eos, eos_to
 from trl_marl.models.team import TeamModel
 from trl_marl.rollout.prompts import PromptRenderer, resolve_formatters
 from trl_marl.rollout.returns import RolloutReturns, rollout_returns
+from trl_marl.trainers import warmup
 from trl_marl.trainers.agentic import AgenticSetup, build_rollout
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.data import Experience, RolloutSampler, rollout_dataloader
@@ -241,6 +242,7 @@ class MultiAgentTrainer(_BaseTrainer):
             self.rollout_engine, self.generation, self.accelerator, n, args.seed, metrics_callback
         )
         checkpoints.check_output_space(self)  # a read-only or full disk found now, not after training
+        warmup.warm_up(self)  # the first optimizer step costs about a steady one (trl_marl.trainers.warmup)
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()

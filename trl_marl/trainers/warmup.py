@@ -1,0 +1,58 @@
+"""Warming a trainer at construction, so that its first optimizer step costs about what a steady one does.
+
+What a first step pays once, and what `warm_up` does about it (at the end of the trainer's construction):
+
+- transformers' `generate` (the transformers engine only): its first call sets up the generation config, the logits
+  processors and the cache classes, and runs the model's kernels for the first time: one greedy `generate` of the
+  team's engine on a 2-token prompt per agent, through the engine's own path (mixed adapters for a shared-base team);
+- the scoring forward: its first call imports TRL's entropy helper and takes the shared-prompt path
+  (`trl_marl.models.scoring`) for the first time: one no-grad scoring of 2 rows sharing a prompt per agent, with the
+  entropy;
+- autograd: the engine starts its worker on the first backward: one backward of a scalar graph outside the model.
+
+What it cannot warm (`benchmarks/first_step.py` measures what is left): the optimizer's state (AdamW allocates its
+moments at its first `step`; the optimizer itself is created by `Trainer.train`), the dataloader (built in `train()`),
+the first allocation of activation-sized buffers, and a vLLM engine's first calls (its own warm-up, several calls on
+CPU). Nothing else changes: the random streams are untouched (`torch.random.fork_rng`), the agents' train/eval modes
+are restored and no gradient is left. Skipped when generating or scoring is a collective (ZeRO-3, FSDP2 with several
+processes: every process would have to take part) and for agents given as API models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trl_marl.data_types.batches import AgentBatch, collate_agent_batch
+from trl_marl.data_types.text import PromptText
+from trl_marl.generation.hf import HFGeneration
+from trl_marl.models.scoring import score_completions
+
+__all__ = ["warm_up"]
+
+
+def warm_up(trainer: Any) -> None:
+    """Warm `trainer`'s generation, scoring and autograd paths (see the module docstring)."""
+    team = trainer.team
+    if trainer.generation.collective or not all(isinstance(a, torch.nn.Module) for a in team.agents):
+        return
+    with torch.random.fork_rng(devices=[]):
+        if isinstance(trainer.generation, HFGeneration):
+            trainer.generation.generate([[PromptText("Hi")] for _ in range(team.num_agents)], 1, greedy=True)
+        was_training = team.training
+        team.eval()
+        try:
+            with torch.no_grad():
+                for i, agent in enumerate(team.agents):
+                    score_completions(agent, _rows(trainer, i), team.agent_temperature(i), return_entropy=True)
+        finally:
+            team.train(was_training)
+    x = torch.ones(1, requires_grad=True)
+    (x * 2).sum().backward()
+
+
+def _rows(trainer: Any, i: int) -> AgentBatch:
+    """Two rows of agent i sharing a 2-token prompt, with 2-token completions."""
+    tokens = torch.tensor([1, 2], dtype=torch.long).clamp(max=len(trainer.tokenizers[i]) - 1)
+    return collate_agent_batch([tokens, tokens], [tokens, tokens.flip(0)], trainer.tokenizers[i].pad_token_id)
