@@ -167,8 +167,9 @@ def test_unlogged_training_rollouts_do_not_ask_vllm_for_logprobs(trained):
     engine = t.generation.engines[0]
     original, asked = engine.generate, []
 
-    def spy(prompts, params, **kw):
-        asked.append(params.logprobs)
+    def spy(prompts, params, **kw):  # one SamplingParams per prompt (each with its own seed)
+        asked.append(params[0].logprobs)
+        assert all(p.logprobs == params[0].logprobs for p in params)
         return original(prompts, params, **kw)
 
     engine.generate = spy

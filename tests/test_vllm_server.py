@@ -29,7 +29,7 @@ import httpx  # noqa: E402
 
 from trl_marl.data_types.batches import collate_agent_batch  # noqa: E402
 from trl_marl.generation.vllm_client import VLLMServerClient, VLLMServerError  # noqa: E402
-from trl_marl.generation.vllm_protocol import encode_weights  # noqa: E402
+from trl_marl.generation.vllm_protocol import encode_weights, prompt_seeds  # noqa: E402
 from trl_marl.models.team import agent_token_logprobs  # noqa: E402
 from trl_marl.testing import tiny_model_path  # noqa: E402
 
@@ -170,14 +170,18 @@ def reference(launched, vllm_path):
 
 def test_server_generation_equals_in_process_vllm_for_the_same_seed(reference, team):
     """Completion token ids through the server equal an in-process `vllm.LLM` on the same model and settings, for a
-    per-request seed (and greedy); the seed, not the server's history, decides the samples."""
+    per-request seed (each prompt seeded from it, `prompt_seeds`) and greedy; the seed, not the server's history,
+    decides the samples."""
     from vllm import SamplingParams
 
     settings = dict(n=3, max_tokens=8, temperature=1.0, top_p=0.9, top_k=50, seed=11)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     for agent in (0, 1):
         served = team.generate(agent, PROMPTS, **settings, logprobs=True)
-        local = reference.generate(prompts, SamplingParams(**settings, logprobs=0), use_tqdm=False)
+        params = [  # the server seeds each prompt (`prompt_seeds`): prompt r gets seed + r * n
+            SamplingParams(**{**settings, "seed": seed}, logprobs=0) for seed in prompt_seeds(11, len(PROMPTS), 3)
+        ]
+        local = reference.generate(prompts, params, use_tqdm=False)
         assert served.completion_ids == [list(s.token_ids) for r in local for s in r.outputs]
         expected = [[s.logprobs[k][t].logprob for k, t in enumerate(s.token_ids)] for r in local for s in r.outputs]
         assert torch.allclose(torch.tensor(served.logprobs), torch.tensor(expected), atol=1e-5)
