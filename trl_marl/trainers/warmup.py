@@ -3,8 +3,9 @@
 What a first step pays once, and what `warm_up` does about it (at the end of the trainer's construction):
 
 - transformers' `generate` (the transformers engine only): its first call sets up the generation config, the logits
-  processors and the cache classes, and runs the model's kernels for the first time: one greedy `generate` of the
-  team's engine on a 2-token prompt per agent, through the engine's own path (mixed adapters for a shared-base team);
+  processors and the cache classes, and runs the model's kernels for the first time: one greedy decode (up to
+  `max_completion_length` tokens) of a short prompt per agent, through the engine's own path (mixed adapters for a
+  shared-base team);
 - the scoring forward: its first call imports TRL's entropy helper and takes the shared-prompt path
   (`trl_marl.models.scoring`) for the first time: one no-grad scoring of 2 rows sharing a prompt per agent, with the
   entropy;
