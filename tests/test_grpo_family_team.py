@@ -14,7 +14,7 @@ import torch
 
 from trl_marl import MADPOConfig, MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer
 from trl_marl.algorithms.advantages import group_advantages
-from trl_marl.algorithms.grpo import scale_advantages
+from trl_marl.algorithms.grpo_advantages import scale_advantages
 from trl_marl.data_types.rollout import GenerationOutput
 from trl_marl.models.adapters import AdapterDisabled
 from trl_marl.models.team import agent_token_logprobs

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from trl_marl import MAGRPOConfig, MAGRPOTrainer
-from trl_marl.algorithms.grpo import LOSS_TYPES, SCALE_REWARDS
+from trl_marl.algorithms.grpo import LOSS_TYPES
+from trl_marl.algorithms.grpo_advantages import SCALE_REWARDS
 from trl_marl.algorithms.logprobs import token_logprobs
 from trl_marl.data_types.rollout import GenerationOutput
 

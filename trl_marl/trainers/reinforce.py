@@ -27,7 +27,7 @@ import torch
 
 import trl_marl.trainers.building as building
 from trl_marl.algorithms.advantages import baseline_advantages, cross_sample_returns, group_advantages
-from trl_marl.algorithms.grpo import multi_objective_advantages, scale_baseline_advantages
+from trl_marl.algorithms.grpo_advantages import multi_objective_advantages, scale_baseline_advantages
 from trl_marl.algorithms.logprobs import sequence_logprobs
 from trl_marl.algorithms.losses import policy_gradient_loss
 from trl_marl.data_types.rollout import Rollout
