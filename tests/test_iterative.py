@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 from trl_marl.plugins.comparators import FixedModelComparator, ModelComparator
 from trl_marl.trainers.preference.pairs import select_aligned_pairs
-from trl_marl.trainers.preference.round_files import read_round_file, write_round_file
+from trl_marl.trainers.preference.round_files import read_round_file, round_pairs_sha256, write_round_file
 
 
 def iter_args(tmp_path, cls=MADPOIterConfig, **kw):
@@ -60,7 +60,8 @@ def test_round_file_is_written_atomically(tmp_path):
     rec = {"prompts": ["a"], "winner_completions": ["b"], "loser_completions": ["c"]}
     rec.update(winner_reward=1.0, loser_reward=0.0, candidate_reward_mean=0.5)
     write_round_file(str(path), 1, [rec])
-    assert read_round_file(str(path)) == {"iteration": 1, "num_pairs": 1, "pairs": [rec]}
+    expected = {"iteration": 1, "num_pairs": 1, "sha256": round_pairs_sha256([rec]), "pairs": [rec]}
+    assert read_round_file(str(path)) == expected
 
     class Boom:  # not JSON-serialisable: the write fails half-way
         pass
