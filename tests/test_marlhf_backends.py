@@ -54,7 +54,9 @@ def test_maac_backend_saves_its_critic_as_maac_does(make_args, items, tiny_path,
 
     team = json.loads((tmp_path / "saved" / "team.json").read_text())
     assert team["critics"][0]["folder"] == "critic" and team["critic_type"] == "v"
-    assert set(MARLHFTrainer.all_resume_types()) >= set(MAACTrainer.all_resume_types())  # a MAAC backend's state resumes
+    assert set(MARLHFTrainer.all_resume_types()) >= set(
+        MAACTrainer.all_resume_types()
+    )  # a MAAC backend's state resumes
 
 
 @pytest.mark.parametrize("algorithm", ["magrpo", "marloo"])
