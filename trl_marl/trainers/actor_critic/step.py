@@ -134,8 +134,8 @@ class ActorCriticStep(RLStep):
         """One critic source per value stream (validated, nothing loaded), or None for value heads."""
         if critic_model is None and critics is None:
             raise ValueError(
-                f"{type(self.trainer).__name__} needs a critic: pass critic_model (a model id / path or a model object) or "
-                "critics=[...]"
+                f"{type(self.trainer).__name__} needs a critic: pass critic_model (a model id / path or a model "
+                "object) or critics=[...]"
             )
         count = args.num_critics
         if critics is not None:
@@ -185,7 +185,7 @@ class ActorCriticStep(RLStep):
             resolved.append(src)
         modules, index, cnames = load_critics(resolved, args.critic_value_head_hidden_dim, self.critic_loading)
         self.critic_names = [cnames[index.index(k)] for k in range(len(modules))]
-        n = len(models)
+        n, tokenizers = len(models), self.trainer.tokenizers
         if len(resolved) == 1:
             self.streams = [ValueStream("critic", list(range(n)), None, self.joint_critic, 0)]
         else:
@@ -202,14 +202,9 @@ class ActorCriticStep(RLStep):
                     f"the centralized critic ({name!r})" if len(self.streams) == 1 else f"critic {s + 1} ({name!r})"
                 )
                 reader, why = "agent 1", "the joint critic input is tokenized with agent 1's tokenizer"
-                tok = self.trainer.tokenizers[0]
+                tok = tokenizers[0]
             else:
-                label, reader, why, tok = (
-                    f"critic {s + 1} ({name!r})",
-                    f"agent {s + 1}",
-                    None,
-                    self.trainer.tokenizers[s],
-                )
+                label, reader, why, tok = f"critic {s + 1} ({name!r})", f"agent {s + 1}", None, tokenizers[s]
             check_critic_tokenizer(module, resolved[s], tok, label, reader, why)
         if args.disable_dropout:
             for m in modules:
@@ -294,39 +289,35 @@ class ActorCriticStep(RLStep):
         extra = self.extra_critic_updates_per_step()
         if not extra or not window:
             return
-        team = self.team
+        t, team = self.trainer, self.team
         params = [p for c in team.critics for p in c.parameters() if p.requires_grad]
-        opt = getattr(
-            self.trainer.optimizer, "optimizer", self.trainer.optimizer
-        )  # the torch optimizer (no loss scaler)
+        opt = getattr(t.optimizer, "optimizer", t.optimizer)  # the torch optimizer (no loss scaler)
         for _ in range(extra):
-            for p in self.trainer.model.parameters():
+            for p in t.model.parameters():
                 p.grad = None
             value_losses = []
             for critic_batches, where, rows_t, data in window:
                 values = [
-                    None if cb is None else critic(*(t.to(next(critic.parameters()).device) for t in cb[:2]))
+                    None if cb is None else critic(*(x.to(next(critic.parameters()).device) for x in cb[:2]))
                     for critic, cb in zip(team.critics, critic_batches)
                 ]
                 loss = self._critic_loss(values, where, rows_t, data) / len(window)
                 loss.backward()
                 value_losses.append(loss.item() * len(window) / self.args.value_loss_coef)
-            if self.trainer.accelerator.num_processes > 1:
+            if t.accelerator.num_processes > 1:
                 for p in params:
                     if p.grad is not None:
-                        p.grad.copy_(self.trainer.accelerator.reduce(p.grad, reduction="mean"))
+                        p.grad.copy_(t.accelerator.reduce(p.grad, reduction="mean"))
             if self.args.max_grad_norm and self.args.max_grad_norm > 0:
                 for group in self.extra_clip_groups()[: len(team.critics)]:
                     torch.nn.utils.clip_grad_norm_([p for p in group if p.grad is not None], self.args.max_grad_norm)
             opt.step()
-            self.trainer._metrics["train"]["critic/sequential_value_loss"].append(
-                sum(value_losses) / len(value_losses)
-            )
-        for p in self.trainer.model.parameters():
+            t._metrics["train"]["critic/sequential_value_loss"].append(sum(value_losses) / len(value_losses))
+        for p in t.model.parameters():
             p.grad = None
 
     def extra_grad_norm_modules(self) -> list[tuple[str, torch.nn.Module]]:
-        """The agents (base class), plus each critic and value head."""
+        """Each critic and value head (logged beside the agents)."""
         team = self.team
         named = [(self.critic_folder(k), c) for k, c in enumerate(team.critics)]
         named += [(f"value_head_{i + 1}", h) for i, h in enumerate(team.value_heads or [])]
@@ -447,9 +438,10 @@ class ActorCriticStep(RLStep):
 
     def _sum_over_processes(self, t: torch.Tensor) -> torch.Tensor:
         """`t` summed over the data-parallel processes (itself in a one-process run)."""
-        if self.trainer.accelerator.num_processes == 1:
+        acc = self.trainer.accelerator
+        if acc.num_processes == 1:
             return t
-        return self.trainer.accelerator.reduce(t.to(self.trainer.accelerator.device), reduction="sum").cpu()
+        return acc.reduce(t.to(acc.device), reduction="sum").cpu()
 
     def _normalize_targets(self, values, raw, targets):
         """Value normalization (MAPPO): update each critic's running statistics with its targets (those of every
@@ -461,9 +453,7 @@ class ActorCriticStep(RLStep):
             streams = [s for s, st in enumerate(self.streams) if st.module == k]
             old_mean, old_std = rms.mean, rms.std
             batch = torch.cat([targets[s] for s in streams])
-            if (
-                self.trainer.accelerator.num_processes > 1
-            ):  # identical statistics (and PopArt rescales) on every process
+            if self.trainer.accelerator.num_processes > 1:  # identical statistics (and PopArt rescales) everywhere
                 batch = torch.tensor([v for part in gather_object([batch.tolist()]) for v in part])
             rms.update(batch)
             if self.args.popart:
@@ -485,19 +475,17 @@ class ActorCriticStep(RLStep):
         The targets and advantages come frozen from the rollout; each agent's loss touches only its own parameters,
         each critic loss only its critic (and, for value heads, the actor's backbone).
         """
-        rollout, items, data = inputs["rollout"], inputs["items"], inputs["critic"]
+        t, (rollout, items, data) = self.trainer, (inputs["rollout"], inputs["items"], inputs["critic"])
         keep = set(items)
         rows = [s for s, it in enumerate(data.items) if it in keep]
         rows_t = torch.tensor(rows, dtype=torch.long)
         nodes = rollout.nodes_of_items(items)
-        batches = [
-            self.trainer.agent_batch(i, rollout.samples_of_agent(i, nodes)) for i in range(self.trainer.num_agents)
-        ]
+        batches = [t.agent_batch(i, rollout.samples_of_agent(i, nodes)) for i in range(t.num_agents)]
         critic_batches, where = self.critic_batches(data.critic_inputs, rows)
         out = model(batches, critic_batches=critic_batches)
-        m = self.trainer._metrics["train"]
+        m = t._metrics["train"]
         losses = []
-        for i in range(self.trainer.num_agents):
+        for i in range(t.num_agents):
             logp = out["logprobs"][i]
             loss_i = self._actor_loss(i, logp, batches[i], data.advantages[i][rows_t], data, rows)
             losses.append(loss_i)
@@ -514,7 +502,7 @@ class ActorCriticStep(RLStep):
             per_agent = self.critic_loss_per_agent_batch and not sequential
             weight = self.args.value_loss_coef * (len(stream.agents) if per_agent else 1)
             losses.append(weight * vl)
-        if sequential and self.trainer.model.training and critic_batches is not None:
+        if sequential and t.model.training and critic_batches is not None:
             self.critic_window.append(
                 (
                     [None if cb is None else (cb.input_ids, cb.attention_mask) for cb in critic_batches],
@@ -523,7 +511,7 @@ class ActorCriticStep(RLStep):
                     data,
                 )
             )
-        self.trainer._metrics.record_entropy(out["entropy"])
+        t._metrics.record_entropy(out["entropy"])
         device = losses[0].device
         return sum(loss.to(device) for loss in losses)
 
@@ -576,6 +564,7 @@ class ActorCriticStep(RLStep):
                 head.load_state_dict(load_file(os.path.join(folder, VALUE_HEAD_WEIGHTS)))
 
     def describe(self, desc: dict) -> dict:
+        """Adds the critic type, each critic's folder, source, input and agents, and the value heads' files."""
         desc["critic_type"] = self.args.critic_type
         team = self.team
         desc["critics"] = [
