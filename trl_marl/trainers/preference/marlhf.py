@@ -119,7 +119,7 @@ class MARLHFConfig(PreferenceConfig):
     )
     rl_algorithm: str = field(default="magrpo", metadata={"help": "RL backend.", "choices": list(RL_ALGORITHMS)})
     advantage_normalization: bool | None = field(
-        default=None, metadata={"help": "Z-score advantages per group; None: on for magrpo only."}
+        default=None, metadata={"help": "Z-score advantages per group; None: on for magrpo, maac and iac."}
     )
     reward_model_name: str | None = field(
         default=None, metadata={"help": "Reward model backbone id/path; None: the first agent's."}
