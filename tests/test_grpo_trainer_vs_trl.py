@@ -282,7 +282,7 @@ def _our_trainer(tiny_path, tok, fixed, tmp_path, trl_trainer, case: dict, **con
         from trl_marl.trainers.grpo_step import GRPOLossStep
 
         trainer.args.use_vllm = True
-        trainer.grpo_step = GRPOLossStep(trainer)
+        trainer.rl_step.grpo_step = GRPOLossStep(trainer)
 
     def generate(prompts_per_agent, num_generations, greedy=False):
         call = fixed.calls

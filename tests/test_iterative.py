@@ -520,8 +520,10 @@ def test_marlhf_iter_with_actor_critic_backends(tmp_path, small_items, tiny_path
         eval_dataset=small_items,
         **extra,
     )
-    assert type(t).__name__ == {"maac": "MARLHFIterMAACTrainer", "iac": "MARLHFIterIACTrainer"}[algorithm]
-    assert t.args.num_rounds == 2 and t.args.advantage_normalization is True  # the actor-critic default
+    assert (
+        type(t) is MARLHFIterTrainer and type(t.rl_step).__name__ == {"maac": "MAACStep", "iac": "IACStep"}[algorithm]
+    )
+    assert t.args.num_rounds == 2 and t.rl_step.normalize_advantages  # unset: on, the actor-critic default
     models = record_reward_models(t)
     critic = t.team.critics[0]
     before = [p.detach().clone() for p in critic.parameters()]
