@@ -169,9 +169,9 @@ def test_mappo_value_normalization_and_popart(make_args, items, tiny_path):
     )
     critic = t.team.critics[0]
     x = torch.tensor([[5, 6, 7, 8]])
-    before = critic_values(critic, [x[0]]).item() * t._normalizers[0].std + t._normalizers[0].mean
+    before = critic_values(critic, [x[0]]).item() * t.rl_step.normalizers[0].std + t.rl_step.normalizers[0].mean
     rollout_data(t, items)
-    rms = t._normalizers[0]
+    rms = t.rl_step.normalizers[0]
     assert rms.count == 2 * 2  # 2 items x 2 generations of targets
     after = critic_values(critic, [x[0]]).item() * rms.std + rms.mean
     assert after == pytest.approx(before, abs=1e-4)  # PopArt preserved the de-normalized output
@@ -190,7 +190,7 @@ def test_broadcast_object_shares_parameters_ids_do_not(make_args, items, tiny_pa
         train_dataset=items,
     )
     assert len(shared.team.critics) == 1 and shared.team.critics[0].model is obj
-    assert [s.module for s in shared.streams] == [0, 0]
+    assert [s.module for s in shared.rl_step.streams] == [0, 0]
     groups = [g["name"] for g in shared.create_optimizer().param_groups]
     assert groups.count("critic") == 2  # one critic: one (decay / no-decay) pair of groups
     by_id = IACTrainer(
@@ -317,7 +317,7 @@ def test_checkpoint_resume_restores_critics_and_value_normalizer(make_args, item
     b._load_from_checkpoint(str(ckpt))
     for pa, pb in zip(a.team.critics.parameters(), b.team.critics.parameters()):
         torch.testing.assert_close(pa, pb)
-    assert b._normalizers[0].state_dict() == pytest.approx(a._normalizers[0].state_dict())
+    assert b.rl_step.normalizers[0].state_dict() == pytest.approx(a.rl_step.normalizers[0].state_dict())
     b.train(resume_from_checkpoint=str(ckpt))
     assert b.state.global_step == 3
 

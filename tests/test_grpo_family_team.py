@@ -14,7 +14,7 @@ import torch
 
 from trl_marl import MADPOConfig, MAGRPOConfig, MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer
 from trl_marl.algorithms.advantages import group_advantages
-from trl_marl.algorithms.grpo import scale_advantages
+from trl_marl.algorithms.grpo_advantages import scale_advantages
 from trl_marl.data_types.rollout import GenerationOutput
 from trl_marl.models.adapters import AdapterDisabled
 from trl_marl.models.team import agent_token_logprobs
@@ -169,13 +169,13 @@ def test_a_heterogeneous_team_samples_and_is_scored_with_each_agents_settings(ti
     assert (second.min_p, second.repetition_penalty, second.no_repeat_ngram_size) == (0.05, 1.3, 2)
     assert t.generation.generation_config(tok, eos, 1, True, 1).max_new_tokens == 7  # greedy keeps the length
     captured = {}
-    original = t.grpo_step.prepare
+    original = t.rl_step.grpo_step.prepare
 
     def prepare(rollout):
         captured["rollout"], captured["generations"] = rollout, original(rollout)
         return captured["generations"]
 
-    t.grpo_step.prepare = prepare
+    t.rl_step.grpo_step.prepare = prepare
     t.train()
     rollout = captured["rollout"]
     for i, limit in enumerate((3, 7)):
@@ -201,8 +201,8 @@ def test_the_seed_loss_stays_the_default_and_scale_rewards_is_trls(make_args, it
     seed_t = MAGRPOTrainer(
         model=tiny_path, reward_funcs=lambda c1, c2: [0.0] * len(c1), args=make_args(), train_dataset=items
     )
-    assert seed_t.grpo_step is None and seed_t.reference_models is None and seed_t.args.seed_zscore
-    seed_adv = seed_t._agent_advantages(None, 0, r)
+    assert seed_t.rl_step.grpo_step is None and seed_t.reference_models is None and seed_t.args.seed_zscore
+    seed_adv = seed_t.rl_step.agent_advantages(None, 0, r)
     torch.testing.assert_close(seed_adv, group_advantages(r, "mean", normalize=True))
     trl_t = MAGRPOTrainer(
         model=tiny_path,
@@ -210,7 +210,7 @@ def test_the_seed_loss_stays_the_default_and_scale_rewards_is_trls(make_args, it
         args=make_args(scale_rewards="group"),
         train_dataset=items,
     )
-    trl_adv = trl_t._agent_advantages(None, 0, r)
+    trl_adv = trl_t.rl_step.agent_advantages(None, 0, r)
     torch.testing.assert_close(trl_adv.flatten(), scale_advantages(r.flatten(), 4, "group"))
     ratio = seed_adv / trl_adv
     torch.testing.assert_close(ratio, torch.full_like(ratio, math.sqrt(4 / 3)), atol=1e-3, rtol=1e-3)
@@ -233,8 +233,8 @@ def test_siblings_keep_their_baseline_under_trl_scaling(make_args, items, tiny_p
     z-score would make them equal)."""
     r = torch.tensor([[1.0, 0.0, 3.0, -2.0]])
     kw = dict(reward_funcs=lambda c1, c2: [0.0] * len(c1), train_dataset=items, model=tiny_path)
-    loo = MARLOOTrainer(args=make_args(scale_rewards="group"), **kw)._agent_advantages(None, 0, r)
-    mean = MAGRPOTrainer(args=make_args(scale_rewards="group"), **kw)._agent_advantages(None, 0, r)
+    loo = MARLOOTrainer(args=make_args(scale_rewards="group"), **kw).rl_step.agent_advantages(None, 0, r)
+    mean = MAGRPOTrainer(args=make_args(scale_rewards="group"), **kw).rl_step.agent_advantages(None, 0, r)
     torch.testing.assert_close(loo, mean * 4 / 3)
 
 

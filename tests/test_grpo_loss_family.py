@@ -19,22 +19,24 @@ import torch
 from trl_marl.algorithms import group_advantages, policy_gradient_loss, sequence_logprobs
 from trl_marl.algorithms.grpo import (
     LOSS_TYPES,
-    SCALE_REWARDS,
     GRPOLossSettings,
     adaptive_entropy_coef,
     dapo_normalizer,
-    frac_reward_zero_std,
-    group_reward_stats,
     grpo_loss,
     high_entropy_mask,
     k3_kl_per_token,
     mask_truncated_completions,
-    multi_objective_advantages,
-    scale_advantages,
     seed_loss_mapping,
     truncated_completions,
     vllm_importance_sampling_metrics,
     vllm_importance_sampling_ratio,
+)
+from trl_marl.algorithms.grpo_advantages import (
+    SCALE_REWARDS,
+    frac_reward_zero_std,
+    group_reward_stats,
+    multi_objective_advantages,
+    scale_advantages,
 )
 from trl_marl.algorithms.logprobs import token_entropies, token_logprobs
 

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from trl_marl import MAGRPOConfig, MAGRPOTrainer
-from trl_marl.algorithms.grpo import LOSS_TYPES, SCALE_REWARDS
+from trl_marl.algorithms.grpo import LOSS_TYPES
+from trl_marl.algorithms.grpo_advantages import SCALE_REWARDS
 from trl_marl.algorithms.logprobs import token_logprobs
 from trl_marl.data_types.rollout import GenerationOutput
 
@@ -281,7 +282,7 @@ def _our_trainer(tiny_path, tok, fixed, tmp_path, trl_trainer, case: dict, **con
         from trl_marl.trainers.grpo_step import GRPOLossStep
 
         trainer.args.use_vllm = True
-        trainer.grpo_step = GRPOLossStep(trainer)
+        trainer.rl_step.grpo_step = GRPOLossStep(trainer)
 
     def generate(prompts_per_agent, num_generations, greedy=False):
         call = fixed.calls

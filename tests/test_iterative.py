@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer
 from trl_marl.plugins.comparators import FixedModelComparator, ModelComparator
 from trl_marl.trainers.preference.pairs import select_aligned_pairs
-from trl_marl.trainers.preference.round_files import read_round_file, write_round_file
+from trl_marl.trainers.preference.round_files import read_round_file, round_pairs_sha256, write_round_file
 
 
 def iter_args(tmp_path, cls=MADPOIterConfig, **kw):
@@ -60,7 +60,8 @@ def test_round_file_is_written_atomically(tmp_path):
     rec = {"prompts": ["a"], "winner_completions": ["b"], "loser_completions": ["c"]}
     rec.update(winner_reward=1.0, loser_reward=0.0, candidate_reward_mean=0.5)
     write_round_file(str(path), 1, [rec])
-    assert read_round_file(str(path)) == {"iteration": 1, "num_pairs": 1, "pairs": [rec]}
+    expected = {"iteration": 1, "num_pairs": 1, "sha256": round_pairs_sha256([rec]), "pairs": [rec]}
+    assert read_round_file(str(path)) == expected
 
     class Boom:  # not JSON-serialisable: the write fails half-way
         pass
@@ -519,8 +520,10 @@ def test_marlhf_iter_with_actor_critic_backends(tmp_path, small_items, tiny_path
         eval_dataset=small_items,
         **extra,
     )
-    assert type(t).__name__ == {"maac": "MARLHFIterMAACTrainer", "iac": "MARLHFIterIACTrainer"}[algorithm]
-    assert t.args.num_rounds == 2 and t.args.advantage_normalization is True  # the actor-critic default
+    assert (
+        type(t) is MARLHFIterTrainer and type(t.rl_step).__name__ == {"maac": "MAACStep", "iac": "IACStep"}[algorithm]
+    )
+    assert t.args.num_rounds == 2 and t.rl_step.normalize_advantages  # unset: on, the actor-critic default
     models = record_reward_models(t)
     critic = t.team.critics[0]
     before = [p.detach().clone() for p in critic.parameters()]

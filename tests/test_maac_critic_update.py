@@ -40,7 +40,7 @@ def test_maac_critic_takes_one_sgd_step_per_agent_on_the_updated_critic(make_arg
     inputs = seen[0][0]
     data = inputs["critic"]
     rows = [s for s, it in enumerate(data.items) if it in set(inputs["items"])]
-    batch, _ = t._critic_batches(data.critic_inputs, rows)
+    batch, _ = t.rl_step.critic_batches(data.critic_inputs, rows)
     targets = data.targets[0][torch.tensor(rows)]
 
     # the spec by hand: agent 1's batch, an SGD step; agent 2's batch on the UPDATED critic, another step

@@ -288,10 +288,8 @@ def test_marlhf_runs_with_each_backend(make_args, items, tiny_path, tmp_path, al
     )
     t.train()
     assert t.reward_model is not None
-    expected = {"magrpo": "MARLHFTrainer", "maac": "MARLHFMAACTrainer", "iac": "MARLHFIACTrainer"}
-    assert type(t).__name__ == expected.get(algorithm, "MARLHFTrainer")
-    if algorithm not in ("maac", "iac"):
-        assert t.baseline == get_algorithm(algorithm).baseline
+    assert type(t) is MARLHFTrainer  # whatever the backend: the RL step is a part (`t.rl_step`)
+    assert t.baseline == get_algorithm(algorithm).baseline  # None for the actor-critic backends
     log = t.state.log_history[0]
     assert {"reward_model/accuracy", "reward_model/margin", "reward_model/loss", "num_pairs"} <= set(log)
     assert "eval_reward" in t.state.log_history[-1]  # evaluation uses the task reward

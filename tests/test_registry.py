@@ -19,9 +19,15 @@ def own_registry(monkeypatch):
 
 
 def test_every_command_is_a_registered_algorithm():
+    """One command per registered algorithm, in the registry's order; a command named otherwise (`agentic`: a team in
+    an environment) trains a registered algorithm."""
     from trl_marl.cli.recipes import RECIPES
 
-    assert list(RECIPES) == [a.name for a in algorithms()]
+    names = [a.name for a in algorithms()]
+    assert [name for name in RECIPES if RECIPES[name].algorithm is None] == names
+    for recipe in RECIPES.values():
+        assert recipe.algorithm_name in names
+        assert recipe.trainer_class() is get_algorithm(recipe.algorithm_name).trainer_class
 
 
 @pytest.mark.parametrize("algorithm", algorithms(), ids=lambda a: a.name)

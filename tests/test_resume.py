@@ -106,6 +106,7 @@ def test_magrpo_killed_mid_rollout_resumes_exactly(tmp_path, tiny_path, magrpo_f
         ("mappo", 3),
         ("madpo", 4),
         ("marlhf", 3),
+        ("marlhf_maac", 3),  # MARLHF's MAAC backend (a MARLHFTrainer holding MAAC's step)
         ("madpoiter", None),
         ("marlhfiter", None),
     ],

@@ -58,7 +58,7 @@ def test_ppo_old_logprobs_use_the_sampling_temperature(make_args, items, tiny_pa
         model=tiny_path, critic_model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items
     )
     rollout = t.rollout_engine.run([items[0], items[1]], t.generate)
-    data = t._critic_targets(rollout)
+    data = t.rl_step.critic_targets(rollout)
     for i in range(2):
         batch = t.agent_batch(i, rollout.samples_of_agent(i))
         want = _tempered_reference(t.team.agents[i], batch, T)

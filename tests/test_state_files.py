@@ -58,6 +58,38 @@ def test_round_file_pair_fields_are_checked(round_file):
         read_round_file(str(round_file), num_agents=2)
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda pair: pair.update(winner_reward=1.5),  # a flipped digit: still a valid pair
+        lambda pair: pair["winner_completions"].__setitem__(0, "W"),
+        lambda pair: pair["prompts"].reverse() or pair["prompts"].__setitem__(0, "q"),
+    ],
+)
+def test_round_file_changed_on_disk_into_a_valid_round_is_refused(round_file, change):
+    data = json.loads(round_file.read_text())
+    assert len(data["sha256"]) == 64
+    change(data["pairs"][1])
+    round_file.write_text(json.dumps(data))
+    with pytest.raises(CorruptedStateError, match=r"iteration_0002.json: its pairs do not match the SHA-256"):
+        read_round_file(str(round_file))
+
+
+def test_round_file_checksum_survives_non_ascii_and_a_file_without_one_is_read(tmp_path):
+    path = tmp_path / "iteration_0001.json"
+    record = {
+        **_record(),
+        "winner_completions": ["d\u00e9j\u00e0 vu \U0001f600", "\u4f60\u597d"],
+        "winner_reward": 0.1,
+    }
+    write_round_file(str(path), 1, [record])
+    assert read_round_file(str(path))["pairs"] == [record]
+    data = json.loads(path.read_text())
+    del data["sha256"]  # a round written before checksums
+    path.write_text(json.dumps(data))
+    assert read_round_file(str(path))["pairs"] == [record]
+
+
 @pytest.fixture(scope="module")
 def iterative_checkpoint(tmp_path_factory, tiny_path):
     """A real round-end checkpoint of a 1-round MADPOIter run (and the trainer that wrote it)."""

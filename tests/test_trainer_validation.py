@@ -46,7 +46,7 @@ def test_mareinforce_accepts_one_generation(make_args, items, tiny_path):
         train_dataset=items,
         args=make_args(MAREINFORCEConfig, num_generations=1),
     )
-    assert not t.args.seed_zscore and not t._normalize_advantages()
+    assert not t.args.seed_zscore and not t.rl_step.normalize
 
 
 def test_unknown_joint_mode(make_args):

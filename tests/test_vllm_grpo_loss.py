@@ -53,7 +53,7 @@ def test_importance_sampling_correction_per_agent(tmp_path):
         train_dataset=items,
     )
     seen, calls = {}, [0]
-    prepare, generate = t.grpo_step.prepare, t.generation.generate
+    prepare, generate = t.rl_step.grpo_step.prepare, t.generation.generate
 
     def capture(rollout):
         seen["rollout"] = rollout
@@ -65,7 +65,7 @@ def test_importance_sampling_correction_per_agent(tmp_path):
         calls[0] += 1
         return generate(*a, **k)
 
-    t.grpo_step.prepare, t.generation.generate = capture, count
+    t.rl_step.grpo_step.prepare, t.generation.generate = capture, count
     try:
         t.train()
         assert calls[0] == 1  # num_iterations=2: one generation for both steps

@@ -21,7 +21,18 @@ import torch
 os.environ.setdefault("CI", "1")
 torch.set_num_threads(1)
 
-FAMILIES = ("magrpo", "magrpo_trl", "maac", "iac", "mappo", "madpo", "marlhf", "madpoiter", "marlhfiter")
+FAMILIES = (
+    "magrpo",
+    "magrpo_trl",
+    "maac",
+    "iac",
+    "mappo",
+    "madpo",
+    "marlhf",
+    "marlhf_maac",
+    "madpoiter",
+    "marlhfiter",
+)
 MAX_STEPS = {"magrpo": 6, "magrpo_trl": 6, "maac": 6, "iac": 6, "mappo": 6, "madpo": 6, "marlhf": 6}
 
 
@@ -81,6 +92,9 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = 
         cfg = tm.MARLHFConfig(**common, **pref, max_steps=6, reward_num_train_epochs=1)
         cfg.rollout_buffer_size, cfg.train_batch_size = 4, 2
         return tm.MARLHFTrainer(args=cfg, **kw)
+    if family == "marlhf_maac":  # the MAAC backend: its critic folder and frozen critic data in the checkpoint
+        cfg = tm.MARLHFConfig(**common, **pref, max_steps=6, reward_num_train_epochs=1, rl_algorithm="maac")
+        return tm.MARLHFTrainer(args=cfg, critic_model=tiny, **kw)
     if family == "madpoiter":
         return tm.MADPOIterTrainer(args=tm.MADPOIterConfig(**common, **pref, num_rounds=num_rounds), **kw)
     if family == "marlhfiter":

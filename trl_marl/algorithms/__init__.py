@@ -13,7 +13,8 @@ from trl_marl.algorithms.advantages import (
     td_targets,
     tree_returns,
 )
-from trl_marl.algorithms.grpo import GRPOLossSettings, grpo_loss, multi_objective_advantages, scale_advantages
+from trl_marl.algorithms.grpo import GRPOLossSettings, grpo_loss
+from trl_marl.algorithms.grpo_advantages import multi_objective_advantages, scale_advantages
 from trl_marl.algorithms.logprobs import completion_mask, sequence_logprobs, token_entropies, token_logprobs
 from trl_marl.algorithms.losses import (
     DPO_LOSS_TYPES,

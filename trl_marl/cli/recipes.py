@@ -119,7 +119,7 @@ class Recipe:
 
 
 def _marlhf_kwargs(recipe_args: RecipeArguments, config: Any) -> dict[str, Any]:
-    # `--rl_algorithm maac|iac` builds the actor-critic variant, which needs a critic (same default as `maac`).
+    # `--rl_algorithm maac|iac`: the actor-critic backend trains critics (the same defaults as `maac` / `iac`).
     if config.rl_algorithm == "maac":
         return _critic_kwargs(recipe_args)
     if config.rl_algorithm == "iac":

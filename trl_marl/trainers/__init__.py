@@ -5,9 +5,11 @@ groups), `trl_marl.generation` (the engine it samples with), `agentic` (`tools=`
 order: the agentic rollout), `metrics` (`MetricsRecorder`), `evaluation` (`TaskEvaluator`), `checkpoints` (team
 folders, resume state, the phases of `train()` and preemption), `finite` (a non-finite loss, gradient or weight stops
 the run), `arguments`, `names` and `config_checks` (the checks and TRL's argument names), `data` (what a training step
-gets), `per_agent` (settings given once or per agent). An algorithm adds its step: `reinforce` (the group baselines;
-its configs with GRPOConfig's fields in `reinforce_config`, TRL's GRPO loss family per agent in `grpo_step`),
-`actor_critic/` (critics), `preference/` (pairs, DPO, a learned reward).
+gets), `per_agent` (settings given once or per agent). An RL algorithm adds its step, a part its trainer holds
+(`rl_step`: `RLStep`, and `RLStepTrainer` whose hooks delegate to it): `group_baseline` (`GroupBaselineStep`, the
+group baselines of `reinforce`'s trainers, whose configs with GRPOConfig's fields are in `reinforce_config`; TRL's
+GRPO loss family per agent in `grpo_step`), `actor_critic/` (critics: `ActorCriticStep` and the MAAC / IAC / MAPPO
+variants); `preference/` adds pairs, DPO and a learned reward (MARLHF holds the step of its `rl_algorithm`).
 
 The names below import on first use, as at the package root, so that `trl_marl.trainers.registry` (which the command
 line reads) loads without torch.

@@ -44,7 +44,7 @@ from trl_marl.rollout.returns import RolloutReturns, rollout_returns
 from trl_marl.trainers import warmup
 from trl_marl.trainers.agentic import AgenticSetup, build_rollout
 from trl_marl.trainers.config import MultiAgentConfig
-from trl_marl.trainers.data import Experience, RolloutSampler, rollout_dataloader
+from trl_marl.trainers.data import Experience, RolloutSampler, consecutive_chunks, rollout_dataloader
 from trl_marl.trainers.evaluation import TaskEvaluator
 from trl_marl.trainers.metrics import MetricsRecorder, append_trace
 from trl_marl.trainers.names import combine_reward_funcs, merge_model_init_kwargs, resolve_deprecated_kwargs
@@ -274,9 +274,7 @@ class MultiAgentTrainer(_BaseTrainer):
 
     def _update_chunks(self, num_items: int) -> list[list[int]]:
         """The item indices of each training step taken on one rollout: `steps_per_rollout` consecutive slices."""
-        K = self.args.steps_per_rollout
-        per = num_items // K
-        return [list(range(k * per, (k + 1) * per)) for k in range(K)]
+        return consecutive_chunks(num_items, self.args.steps_per_rollout)
 
     def _record_rollout_metrics(self, rollout: Rollout, mode: str) -> None:
         """Metrics a trainer adds for each training rollout, after the shared ones (`MetricsRecorder.record_rollout`)."""

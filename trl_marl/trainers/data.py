@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-__all__ = ["Experience", "RolloutSampler", "identity_collate", "rollout_dataloader"]
+__all__ = ["Experience", "RolloutSampler", "consecutive_chunks", "identity_collate", "rollout_dataloader"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,12 @@ class RolloutSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return (self.num_items // self.global_batch) * self.global_batch * self.repeat
+
+
+def consecutive_chunks(num_items: int, steps: int) -> list[list[int]]:
+    """The item indices of each of `steps` training steps on one rollout of `num_items` items: consecutive slices."""
+    per = num_items // steps
+    return [list(range(k * per, (k + 1) * per)) for k in range(steps)]
 
 
 def identity_collate(batch: list) -> list:

@@ -2,7 +2,9 @@
 baseline.
 
 Everything that picks an algorithm by name reads this registry: the command line (`trl-marl <name>` and
-`trl-marl magrpo --baseline`) and MARLHF's RL backend (`MARLHFConfig.rl_algorithm`). What a checkpoint of the
+`trl-marl magrpo --baseline`) and MARLHF's RL backend (`MARLHFConfig.rl_algorithm`: `MARLHFTrainer` holds the
+`GroupBaselineStep` of a REINFORCE-family algorithm's baseline, or the RL step of the `maac` / `iac` trainer, its
+`step_class`; see `trl_marl.trainers.rl_step`). What a checkpoint of the
 algorithm may hold is its trainer's `resume_types` (collected over the class hierarchy by
 `MultiAgentTrainer.all_resume_types`), shown as `Algorithm.resume_types`.
 

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field, fields
 from trl_marl.algorithms.grpo import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
-    MULTI_OBJECTIVE_AGGREGATIONS,
-    SCALE_REWARDS,
     VLLM_IMPORTANCE_SAMPLING_MODES,
     GRPOLossSettings,
 )
+from trl_marl.algorithms.grpo_advantages import MULTI_OBJECTIVE_AGGREGATIONS, SCALE_REWARDS
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.per_agent import agent_value, agent_values, check_per_agent
 from trl_marl.utils.deprecation import warn_deprecated

@@ -4,11 +4,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from trl_marl.models.value_head import CRITIC_TYPES
 from trl_marl.trainers.config import MultiAgentConfig
 
-__all__ = ["ActorCriticConfig", "MAACConfig", "IACConfig", "MAPPOConfig", "RATIO_LEVELS"]
+__all__ = [
+    "ActorCriticConfig",
+    "MAACConfig",
+    "IACConfig",
+    "MAPPOConfig",
+    "RATIO_LEVELS",
+    "check_actor_critic_fields",
+    "check_iac_fields",
+    "check_maac_fields",
+]
 
 RATIO_LEVELS = ("token", "sequence")
 
@@ -68,45 +78,7 @@ class ActorCriticConfig(MultiAgentConfig):
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
-        need(
-            self.critic_type in CRITIC_TYPES,
-            f"critic_type must be 'v' (V(h)) or 'q' (Q(h, a)), got {self.critic_type!r}",
-        )
-        need(
-            self.num_turns == 1 or self.num_generations == 1,
-            f"num_turns={self.num_turns} needs num_generations=1: actor-critic trainers follow one trajectory per "
-            f"item, got num_generations={self.num_generations}",
-        )
-        need(
-            self.joint_mode == "aligned",
-            "actor-critic trainers need joint_mode='aligned' (each sample belongs to exactly one joint action and "
-            f"gets one TD error), got {self.joint_mode!r}",
-        )
-        need(self.value_loss_coef >= 0, f"value_loss_coef must be >= 0, got {self.value_loss_coef}")
-        need(
-            self.critic_learning_rate is None or self.critic_learning_rate >= 0,
-            f"critic_learning_rate must be None or >= 0, got {self.critic_learning_rate}",
-        )
-        need(
-            self.critic_value_head_hidden_dim is None or self.critic_value_head_hidden_dim >= 1,
-            f"critic_value_head_hidden_dim must be None or >= 1, got {self.critic_value_head_hidden_dim}",
-        )
-        if self.parallel_training == "mp" and self.uses_separate_critics:
-            need(
-                bool(self.critic_devices),
-                "parallel_training='mp' needs critic_devices (one device per critic, or one for all) for the "
-                "separate critics",
-            )
-        if self.critic_devices is not None:
-            need(
-                len(self.critic_devices) in (1, self.num_critics),
-                f"critic_devices has {len(self.critic_devices)} entries; give 1 or one per critic ({self.num_critics})",
-            )
+        check_actor_critic_fields(self, self.num_critics, self.uses_separate_critics)
 
 
 @dataclass
@@ -129,8 +101,7 @@ class MAACConfig(ActorCriticConfig):
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
-        if self.critic_max_length is not None and self.critic_max_length < 1:
-            raise ValueError(f"critic_max_length must be None or >= 1, got {self.critic_max_length}")
+        check_maac_fields(self)
 
 
 @dataclass
@@ -169,16 +140,7 @@ class IACConfig(ActorCriticConfig):
 
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
-        if self.value_clip_range is not None:
-            if self.use_separate_critic:
-                raise ValueError(
-                    "value_clip_range applies only in shared-model mode (use_separate_critic=False); separate "
-                    "critics use the unclipped squared error. Set value_clip_range=None or use_separate_critic=False"
-                )
-            if self.value_clip_range <= 0:
-                raise ValueError(f"value_clip_range must be None or > 0, got {self.value_clip_range}")
-        if self.value_head_hidden_dim is not None and self.value_head_hidden_dim < 1:
-            raise ValueError(f"value_head_hidden_dim must be None or >= 1, got {self.value_head_hidden_dim}")
+        check_iac_fields(self)
 
 
 @dataclass
@@ -249,3 +211,71 @@ class MAPPOConfig(MAACConfig):
             f"value_clip_range must be None or > 0, got {self.value_clip_range}",
         )
         need(not self.popart or self.value_normalization, "popart=True needs value_normalization=True")
+
+
+def check_actor_critic_fields(cfg: Any, num_critics: int, separate_critics: bool) -> None:
+    """The checks of the fields every actor-critic config has (`ActorCriticConfig`, and `MARLHFConfig` with an
+    actor-critic backend): `num_critics` critics, separate models or value heads.
+
+    Raises:
+        ValueError: naming the field and what it allows.
+    """
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ValueError(msg)
+
+    need(
+        cfg.critic_type in CRITIC_TYPES,
+        f"critic_type must be 'v' (V(h)) or 'q' (Q(h, a)), got {cfg.critic_type!r}",
+    )
+    need(
+        cfg.num_turns == 1 or cfg.num_generations == 1,
+        f"num_turns={cfg.num_turns} needs num_generations=1: actor-critic trainers follow one trajectory per "
+        f"item, got num_generations={cfg.num_generations}",
+    )
+    need(
+        cfg.joint_mode == "aligned",
+        "actor-critic trainers need joint_mode='aligned' (each sample belongs to exactly one joint action and "
+        f"gets one TD error), got {cfg.joint_mode!r}",
+    )
+    need(cfg.value_loss_coef >= 0, f"value_loss_coef must be >= 0, got {cfg.value_loss_coef}")
+    need(
+        cfg.critic_learning_rate is None or cfg.critic_learning_rate >= 0,
+        f"critic_learning_rate must be None or >= 0, got {cfg.critic_learning_rate}",
+    )
+    need(
+        cfg.critic_value_head_hidden_dim is None or cfg.critic_value_head_hidden_dim >= 1,
+        f"critic_value_head_hidden_dim must be None or >= 1, got {cfg.critic_value_head_hidden_dim}",
+    )
+    if cfg.parallel_training == "mp" and separate_critics:
+        need(
+            bool(cfg.critic_devices),
+            "parallel_training='mp' needs critic_devices (one device per critic, or one for all) for the "
+            "separate critics",
+        )
+    if cfg.critic_devices is not None:
+        need(
+            len(cfg.critic_devices) in (1, num_critics),
+            f"critic_devices has {len(cfg.critic_devices)} entries; give 1 or one per critic ({num_critics})",
+        )
+
+
+def check_maac_fields(cfg: Any) -> None:
+    """The checks of MAAC's own field (`critic_max_length`)."""
+    if cfg.critic_max_length is not None and cfg.critic_max_length < 1:
+        raise ValueError(f"critic_max_length must be None or >= 1, got {cfg.critic_max_length}")
+
+
+def check_iac_fields(cfg: Any) -> None:
+    """The checks of IAC's own fields (`use_separate_critic`, `value_clip_range`, `value_head_hidden_dim`)."""
+    if cfg.value_clip_range is not None:
+        if cfg.use_separate_critic:
+            raise ValueError(
+                "value_clip_range applies only in shared-model mode (use_separate_critic=False); separate "
+                "critics use the unclipped squared error. Set value_clip_range=None or use_separate_critic=False"
+            )
+        if cfg.value_clip_range <= 0:
+            raise ValueError(f"value_clip_range must be None or > 0, got {cfg.value_clip_range}")
+    if cfg.value_head_hidden_dim is not None and cfg.value_head_hidden_dim < 1:
+        raise ValueError(f"value_head_hidden_dim must be None or >= 1, got {cfg.value_head_hidden_dim}")

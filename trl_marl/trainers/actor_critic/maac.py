@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from trl_marl.trainers.actor_critic.config import MAACConfig
+from trl_marl.trainers.actor_critic.step import ActorCriticStep
 from trl_marl.trainers.actor_critic.trainer import ActorCriticTrainer
 
-__all__ = ["MAACTrainer"]
+__all__ = ["MAACStep", "MAACTrainer"]
+
+
+class MAACStep(ActorCriticStep):
+    """MAAC's step: ONE centralized critic over the joint prompts, updated with each agent's batch in turn."""
+
+    critic_loss_per_agent_batch = True
+
+    def _critics_length_message(self, args, got: int) -> str:
+        return (
+            f"critics has {got} entries but MAACTrainer has ONE shared centralized critic: pass critics=[critic] or "
+            "critic_model=critic"
+        )
 
 
 class MAACTrainer(ActorCriticTrainer):
@@ -40,10 +53,4 @@ class MAACTrainer(ActorCriticTrainer):
     _name = "MAAC"
     _tag_names = ["trl", "trl_marl", "multi-agent", "maac", "actor-critic"]
     config_class = MAACConfig
-    critic_loss_per_agent_batch = True
-
-    def _critics_length_message(self, args, got: int) -> str:
-        return (
-            f"critics has {got} entries but MAACTrainer has ONE shared centralized critic: pass critics=[critic] or "
-            "critic_model=critic"
-        )
+    step_class = MAACStep

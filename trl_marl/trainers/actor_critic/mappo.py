@@ -9,9 +9,66 @@ from trl_marl.algorithms.logprobs import sequence_logprobs
 from trl_marl.algorithms.losses import ppo_clip_loss
 from trl_marl.data_types.critic import Transitions, ValueStream
 from trl_marl.trainers.actor_critic.config import MAPPOConfig
-from trl_marl.trainers.actor_critic.maac import MAACTrainer
+from trl_marl.trainers.actor_critic.maac import MAACStep, MAACTrainer
 
-__all__ = ["MAPPOTrainer"]
+__all__ = ["MAPPOStep", "MAPPOTrainer"]
+
+
+class MAPPOStep(MAACStep):
+    """MAPPO's step: GAE(lambda), `ppo_epochs` passes of the clipped surrogate, value clipping and normalization."""
+
+    critic_loss_per_agent_batch = False
+    needs_old_logprobs = True
+
+    def _critics_length_message(self, args, got: int) -> str:
+        if args.shared_critic:
+            return f"critics has {got} entries but MAPPOTrainer with shared_critic=True has ONE critic"
+        return f"critics has {got} entries but MAPPOTrainer with shared_critic=False has one critic per agent ({args.num_agents})"
+
+    def attach(self) -> None:
+        super().attach()
+        if self.args.popart and self.trainer.is_deepspeed_enabled:
+            raise ValueError("popart=True is not available under DeepSpeed (it rescales the value head in place)")
+        if self.args.value_normalization:
+            self.normalizers = [RunningMeanStd() for _ in self.team.critics]
+
+    def _advantages(self, trans: Transitions, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE(lambda) along each trajectory: `(A, V_hat = A + V)`."""
+        return linked_gae(trans.rewards, values, trans.next_index, self.args.discount, self.args.gae_lambda)
+
+    def _value_clip_range(self, stream: ValueStream) -> float | None:
+        return self.args.value_clip_range
+
+    def update_chunks(self, num_items: int) -> list[list[int]]:
+        """`ppo_epochs` passes, each over minibatches of `train_batch_size` items (reshuffled every pass)."""
+        per = self.args.train_batch_size or num_items
+        M = num_items // per
+        chunks = []
+        for _ in range(self.args.ppo_epochs):
+            order = torch.randperm(num_items).tolist() if M > 1 else list(range(num_items))
+            chunks += [sorted(order[m * per : (m + 1) * per]) for m in range(M)]
+        return chunks
+
+    def _actor_loss(self, i, logp, batch, adv, data, rows):
+        """The clipped surrogate on token-level or sequence-level ratios to the rollout-time policy."""
+        device = logp.device
+        mask = batch.completion_mask.to(device)
+        old = torch.zeros_like(logp)
+        for r, row in enumerate(rows):
+            lp = data.old_logprobs[i][row]
+            old[r, : lp.numel()] = lp.to(device)
+        adv = adv.to(device)
+        if self.args.ratio_level == "token":
+            loss, clipped = ppo_clip_loss(logp, old, adv, self.args.clip_range, mask)
+            log_ratio = ((logp.detach() - old) * mask).sum() / mask.sum().clamp(min=1)
+        else:
+            seq, seq_old = sequence_logprobs(logp, mask), sequence_logprobs(old, mask)
+            loss, clipped = ppo_clip_loss(seq, seq_old, adv, self.args.clip_range)
+            log_ratio = (seq.detach() - seq_old).mean()
+        m = self.trainer._metrics["train"]
+        m[f"agent_{i + 1}/clip_fraction"].append(clipped.item())
+        m[f"agent_{i + 1}/log_ratio_mean"].append(log_ratio.item())
+        return loss
 
 
 class MAPPOTrainer(MAACTrainer):
@@ -40,54 +97,4 @@ class MAPPOTrainer(MAACTrainer):
         ),
     }
     config_class = MAPPOConfig
-    critic_loss_per_agent_batch = False
-    needs_old_logprobs = True
-
-    def _critics_length_message(self, args, got: int) -> str:
-        if args.shared_critic:
-            return f"critics has {got} entries but MAPPOTrainer with shared_critic=True has ONE critic"
-        return f"critics has {got} entries but MAPPOTrainer with shared_critic=False has one critic per agent ({args.num_agents})"
-
-    def _after_init(self) -> None:
-        if self.args.popart and self.is_deepspeed_enabled:
-            raise ValueError("popart=True is not available under DeepSpeed (it rescales the value head in place)")
-        if self.args.value_normalization:
-            self._normalizers = [RunningMeanStd() for _ in self.team.critics]
-
-    def _advantages(self, trans: Transitions, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """GAE(lambda) along each trajectory: `(A, V_hat = A + V)`."""
-        return linked_gae(trans.rewards, values, trans.next_index, self.args.discount, self.args.gae_lambda)
-
-    def _value_clip_range(self, stream: ValueStream) -> float | None:
-        return self.args.value_clip_range
-
-    def _update_chunks(self, num_items: int) -> list[list[int]]:
-        """`ppo_epochs` passes, each over minibatches of `train_batch_size` items (reshuffled every pass)."""
-        per = self.args.train_batch_size or num_items
-        M = num_items // per
-        chunks = []
-        for _ in range(self.args.ppo_epochs):
-            order = torch.randperm(num_items).tolist() if M > 1 else list(range(num_items))
-            chunks += [sorted(order[m * per : (m + 1) * per]) for m in range(M)]
-        return chunks
-
-    def _actor_loss(self, i, logp, batch, adv, data, rows):
-        """The clipped surrogate on token-level or sequence-level ratios to the rollout-time policy."""
-        device = logp.device
-        mask = batch.completion_mask.to(device)
-        old = torch.zeros_like(logp)
-        for r, row in enumerate(rows):
-            lp = data.old_logprobs[i][row]
-            old[r, : lp.numel()] = lp.to(device)
-        adv = adv.to(device)
-        if self.args.ratio_level == "token":
-            loss, clipped = ppo_clip_loss(logp, old, adv, self.args.clip_range, mask)
-            log_ratio = ((logp.detach() - old) * mask).sum() / mask.sum().clamp(min=1)
-        else:
-            seq, seq_old = sequence_logprobs(logp, mask), sequence_logprobs(old, mask)
-            loss, clipped = ppo_clip_loss(seq, seq_old, adv, self.args.clip_range)
-            log_ratio = (seq.detach() - seq_old).mean()
-        m = self._metrics["train"]
-        m[f"agent_{i + 1}/clip_fraction"].append(clipped.item())
-        m[f"agent_{i + 1}/log_ratio_mean"].append(log_ratio.item())
-        return loss
+    step_class = MAPPOStep

@@ -11,14 +11,14 @@ import dataclasses
 import json
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 from trl_marl.plugins.comparator_options import build_options
 from trl_marl.plugins.comparators_protocol import option_name
 from trl_marl.plugins.registry import COMPARATOR_GROUP, load_plugin
 from trl_marl.plugins.replay import make_replay_mode
-from trl_marl.trainers.actor_critic import IACConfig, MAACConfig
 from trl_marl.trainers.preference.madpo import MADPOConfig
-from trl_marl.trainers.preference.marlhf import MARLHFConfig
+from trl_marl.trainers.preference.marlhf import MARLHFConfig, removed_name
 from trl_marl.trainers.preference.pairs import PAIR_SELECTIONS
 from trl_marl.utils.secrets import check_no_secrets
 
@@ -26,8 +26,6 @@ __all__ = [
     "IterativeConfigMixin",
     "MADPOIterConfig",
     "MARLHFIterConfig",
-    "MARLHFIterMAACConfig",
-    "MARLHFIterIACConfig",
     "DEPRECATED_COMPARATOR_FIELDS",
     "PREFERENCE_SCORING",
 ]
@@ -285,17 +283,9 @@ class MARLHFIterConfig(IterativeConfigMixin, MARLHFConfig):
             )
 
 
-# `rl_algorithm="maac"` / `"iac"`: the configs `MARLHFIterTrainer` converts to (the actor-critic backends read the
-# fields of `MAACConfig` / `IACConfig`); they go with the backend classes once MARLHF holds its RL step as a part
-@dataclass
-class MARLHFIterMAACConfig(MARLHFIterConfig, MAACConfig):
-    """`MARLHFIterConfig` with `rl_algorithm="maac"`, as `MARLHFIterTrainer` builds it (fields of both)."""
-
-    advantage_normalization: bool = field(default=True, metadata={"help": "Z-score TD errors per group."})
+# removed in favour of `MARLHFIterConfig(rl_algorithm=...)`, forwarded for one release (`marlhf.removed_name`)
+_REMOVED = {"MARLHFIterMAACConfig": ("MARLHFIterConfig", "maac"), "MARLHFIterIACConfig": ("MARLHFIterConfig", "iac")}
 
 
-@dataclass
-class MARLHFIterIACConfig(MARLHFIterConfig, IACConfig):
-    """`MARLHFIterConfig` with `rl_algorithm="iac"`, as `MARLHFIterTrainer` builds it (fields of both)."""
-
-    advantage_normalization: bool = field(default=True, metadata={"help": "Z-score TD errors per group."})
+def __getattr__(name: str) -> Any:
+    return removed_name(__name__, name, _REMOVED, globals())

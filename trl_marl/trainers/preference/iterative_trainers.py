@@ -3,8 +3,8 @@
 Each holds a `RoundDriver` (`self.rounds`, see `rounds.py`) that runs the rounds (collect -> store -> select ->
 train) inside ONE `Trainer.train()`, and gives it its round step (`round_batches`): MADPO trains `num_train_epochs`
 over the round's training pairs B(nu); MARLHF fits a NEWLY initialised joint reward model on B(nu), then runs
-`num_train_epochs` of RL over the task items on its scores (MARLHF's round step lives in `marlhf.py`, shared by its
-REINFORCE-family and actor-critic backends).
+`num_train_epochs` of RL over the task items on its scores (MARLHF's round step lives in `marlhf.py`, whatever its
+RL backend).
 """
 
 from __future__ import annotations
@@ -15,18 +15,13 @@ from typing import Any
 import torch
 
 from trl_marl.trainers.preference.data_parallel import global_batch_slices
-from trl_marl.trainers.preference.iterative_config import (
-    MADPOIterConfig,
-    MARLHFIterConfig,
-    MARLHFIterIACConfig,
-    MARLHFIterMAACConfig,
-)
+from trl_marl.trainers.preference.iterative_config import MADPOIterConfig, MARLHFIterConfig
 from trl_marl.trainers.preference.madpo import MADPOTrainer
-from trl_marl.trainers.preference.marlhf import MARLHFIACTrainer, MARLHFMAACTrainer, MARLHFTrainer
+from trl_marl.trainers.preference.marlhf import MARLHFTrainer, removed_name
 from trl_marl.trainers.preference.pairs import PreferencePair
 from trl_marl.trainers.preference.rounds import RoundDriver, build_round_plugins
 
-__all__ = ["MADPOIterTrainer", "MARLHFIterTrainer", "MARLHFIterMAACTrainer", "MARLHFIterIACTrainer"]
+__all__ = ["MADPOIterTrainer", "MARLHFIterTrainer"]
 
 
 class MADPOIterTrainer(MADPOTrainer):
@@ -125,40 +120,21 @@ _MARLHF_ITER_TAGS = ["trl", "trl_marl", "multi-agent", "marlhf", "iterative-rlhf
 
 class MARLHFIterTrainer(MARLHFTrainer):
     """Iterative MARLHF: each round fits a NEWLY initialised joint reward model on the round's training pairs B(nu),
-    then runs `num_train_epochs` of RL over the task items on its scores. Arguments are those of `MARLHFTrainer`,
-    plus `comparator` / `replay_mode` (as `MADPOIterTrainer`'s). With `rl_algorithm="maac"` or `"iac"` the instance
-    built is a `MARLHFIterMAACTrainer` / `MARLHFIterIACTrainer` (the same rounds on `MAACTrainer` / `IACTrainer`;
-    pass `critic_model` / `critics`); the critics carry over from round to round, only the reward model is new each
-    round."""
+    then runs `num_train_epochs` of RL over the task items on its scores. Arguments are those of `MARLHFTrainer`
+    (`critic_model` / `critics` for the `maac` / `iac` backends), plus `comparator` / `replay_mode` (as
+    `MADPOIterTrainer`'s). With an actor-critic backend the critics carry over from round to round; only the reward
+    model is new each round."""
 
     _name = "MARLHFIter"
-    _tag_names = _MARLHF_ITER_TAGS
+    _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "iterative-rlhf"]
     config_class = MARLHFIterConfig
     args_class = MARLHFIterConfig
     runs_rounds = True
-    actor_critic_variants: dict[str, type] = {}
 
 
-# The actor-critic variants `MARLHFIterTrainer` builds (as `MARLHFTrainer` builds `MARLHFMAACTrainer`): they go when
-# MARLHF holds its RL step as a part of the trainer instead of choosing a class in `__new__`.
-class MARLHFIterMAACTrainer(MARLHFMAACTrainer):
-    """Iterative MARLHF with the MAAC backend (built by `MARLHFIterTrainer` for `rl_algorithm="maac"`)."""
-
-    _name = "MARLHFIter"
-    _tag_names = _MARLHF_ITER_TAGS
-    config_class = MARLHFIterMAACConfig
-    args_class = MARLHFIterMAACConfig
-    runs_rounds = True
+# removed in favour of `MARLHFIterTrainer` with `MARLHFIterConfig(rl_algorithm=...)`, forwarded for one release
+_REMOVED = {"MARLHFIterMAACTrainer": ("MARLHFIterTrainer", None), "MARLHFIterIACTrainer": ("MARLHFIterTrainer", None)}
 
 
-class MARLHFIterIACTrainer(MARLHFIACTrainer):
-    """Iterative MARLHF with the IAC backend (built by `MARLHFIterTrainer` for `rl_algorithm="iac"`)."""
-
-    _name = "MARLHFIter"
-    _tag_names = _MARLHF_ITER_TAGS
-    config_class = MARLHFIterIACConfig
-    args_class = MARLHFIterIACConfig
-    runs_rounds = True
-
-
-MARLHFIterTrainer.actor_critic_variants = {"maac": MARLHFIterMAACTrainer, "iac": MARLHFIterIACTrainer}
+def __getattr__(name: str) -> Any:
+    return removed_name(__name__, name, _REMOVED, globals())

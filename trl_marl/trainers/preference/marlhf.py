@@ -8,7 +8,9 @@
    with `reward_model_path`, load a reward model trained elsewhere (e.g. `trl reward`) and use it as is.
 3. RL on its scores (no gradients through it) with the backend `rl_algorithm`: `magrpo` (group mean), `mareinforce`
    (raw), `marloo` (leave-one-out), `maremax` (group max), `maac` (centralized critic), `iac` (independent
-   critics); the reference-KL penalty applies to this phase only.
+   critics); the reference-KL penalty applies to this phase only. The backend is the trainer's RL step
+   (`trainers/rl_step.py`), the same part its own trainer holds: `GroupBaselineStep` with the algorithm's baseline,
+   or the `maac` / `iac` trainer's `ActorCriticStep`; the trainer is a `MARLHFTrainer` whatever the backend.
 
 Evaluation always samples the current agents and scores them with the TASK reward.
 
@@ -24,32 +26,27 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from trl_marl.rewards import RewardFunction
-from trl_marl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from trl_marl.trainers.actor_critic.config import check_actor_critic_fields, check_iac_fields, check_maac_fields
+from trl_marl.trainers.actor_critic.step import ActorCriticStep
 from trl_marl.trainers.checkpoints import stop_if_preempted
-from trl_marl.trainers.names import TRL_POSITIONAL
+from trl_marl.trainers.group_baseline import GroupBaselineStep
 from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin, PreferenceConfig
 from trl_marl.trainers.preference.pairs import PreferencePair
 from trl_marl.trainers.preference.preference_data import looks_like_preference_data
 from trl_marl.trainers.preference.reward_model import JointRewardModel
 from trl_marl.trainers.preference.rounds import RoundDriver, build_round_plugins
-from trl_marl.trainers.registry import algorithms
-from trl_marl.trainers.reinforce import MAGRPOTrainer
+from trl_marl.trainers.registry import algorithms, get_algorithm
+from trl_marl.trainers.rl_step import RLStep, RLStepTrainer
+from trl_marl.utils.deprecation import TrlMarlDeprecationWarning, warn_deprecated
 
-__all__ = [
-    "MARLHFConfig",
-    "MARLHFTrainer",
-    "MARLHFMAACTrainer",
-    "MARLHFIACTrainer",
-    "MARLHFMAACConfig",
-    "MARLHFIACConfig",
-    "RL_ALGORITHMS",
-]
+__all__ = ["MARLHFConfig", "MARLHFTrainer", "RL_ALGORITHMS"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +78,10 @@ class MARLHFConfig(PreferenceConfig):
     plus:
 
     Parameters:
-        rl_algorithm: the RL backend: `magrpo`, `mareinforce`, `marloo` or `maremax`.
-        advantage_normalization: z-score advantages inside each group; `None` means on for `magrpo`, off for the
-            others (with it on they would all equal MAGRPO).
+        rl_algorithm: the RL backend: `magrpo`, `mareinforce`, `marloo` or `maremax` (the REINFORCE family), `maac`
+            or `iac` (actor-critic).
+        advantage_normalization: z-score advantages inside each group; `None` means on for `magrpo`, `maac` and
+            `iac`, off for the others (with it on they would all equal MAGRPO).
         reward_model_path: a sequence-classification reward model (num_labels=1) trained elsewhere, e.g. with
             `trl reward` on `to_dataset(pairs)`: loaded and used as is (no pair collection, no fitting).
             `MARLHFTrainer` only (the iterative trainers refit per round).
@@ -108,9 +106,10 @@ class MARLHFConfig(PreferenceConfig):
         value_clip_range: `iac` with value heads: value clipping eps.
         value_head_hidden_dim: `iac` with value heads: hidden size of the value heads.
 
-    With `rl_algorithm` `maac` or `iac` the trainer is built on `MAACTrainer` / `IACTrainer` (pass `critic_model`
-    or `critics` as to those trainers; IAC defaults to copies of the agents), `num_generations` is the
-    actor-critic's (use 1 for multi-sample-free rollouts) and `advantage_normalization=None` means on.
+    With `rl_algorithm` `maac` or `iac` the RL step is `MAACTrainer`'s / `IACTrainer`'s (pass `critic_model` or
+    `critics` to `MARLHFTrainer` as to those trainers; IAC defaults to copies of the agents), the actor-critic
+    configs' checks apply to these fields, and `num_generations` is the actor-critic's (use 1 for multi-sample-free
+    rollouts).
     """
 
     _train_batch_counts_rollout_items = True
@@ -120,7 +119,7 @@ class MARLHFConfig(PreferenceConfig):
     )
     rl_algorithm: str = field(default="magrpo", metadata={"help": "RL backend.", "choices": list(RL_ALGORITHMS)})
     advantage_normalization: bool | None = field(
-        default=None, metadata={"help": "Z-score advantages per group; None: on for magrpo only."}
+        default=None, metadata={"help": "Z-score advantages per group; None: on for magrpo, maac and iac."}
     )
     reward_model_name: str | None = field(
         default=None, metadata={"help": "Reward model backbone id/path; None: the first agent's."}
@@ -167,6 +166,16 @@ class MARLHFConfig(PreferenceConfig):
         default=None, metadata={"help": "iac (value heads): hidden size of the value heads."}
     )
 
+    @property
+    def num_critics(self) -> int:
+        """The actor-critic backends' critics: one centralized critic (`maac`), one per agent (`iac`)."""
+        return self.num_agents if self.rl_algorithm == "iac" else 1
+
+    @property
+    def uses_separate_critics(self) -> bool:
+        """Whether the actor-critic backend's critics are models of their own (not value heads on the actors)."""
+        return self.rl_algorithm != "iac" or self.use_separate_critic
+
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
         if self.rl_algorithm not in RL_ALGORITHMS:
@@ -186,15 +195,33 @@ class MARLHFConfig(PreferenceConfig):
                     f"{name}={getattr(self, name)!r} is read by rl_algorithm {' or '.join(map(repr, backends))} only; "
                     f"with rl_algorithm={self.rl_algorithm!r} it does nothing: leave it unset, or choose that backend"
                 )
+        if self.rl_algorithm in ACTOR_CRITIC_BACKENDS:  # what MAACConfig / IACConfig check
+            check_actor_critic_fields(self, self.num_critics, self.uses_separate_critics)
+            (check_maac_fields if self.rl_algorithm == "maac" else check_iac_fields)(self)
 
 
-class _MARLHFMixin(PreferenceCollectionMixin):
-    """What MARLHF adds to an RL trainer: pairs, the joint reward model, the learned reward for RL rollouts, and, in
-    the iterative trainers (`runs_rounds`), the round driver (`self.rounds`) and MARLHF's round step."""
+class MARLHFTrainer(PreferenceCollectionMixin, RLStepTrainer):
+    """Multi-agent RLHF with a joint reward model (see the module docstring).
+
+    Takes the `MultiAgentTrainer` arguments plus `reward_model` (a fitted `JointRewardModel`: skips pair
+    collection and reward learning), `preference_pairs` (pairs collected elsewhere) and `adapter` (centralized mode).
+    `train_dataset` holds task items, or preference data (as `MADPOTrainer` takes it) to fit the reward model on as
+    given, the RL phase then rolling out on its prompts; `reward_funcs` is then needed only to evaluate.
+    `save_model` also writes `reward_model/`.
+
+    The RL phase is the trainer's RL step, picked by `args.rl_algorithm` through the algorithm registry
+    (`_rl_step_for`). With `"maac"` / `"iac"` pass `critic_model=` / `critics=` as to `MAACTrainer` / `IACTrainer`
+    (MAAC needs one; IAC defaults to copies of the agents); the REINFORCE backends refuse them. In the iterative
+    trainers (`runs_rounds`) the round driver (`self.rounds`) runs MARLHF's round step.
+    """
 
     _name = "MARLHF"
     candidate_reward_keys = ("preference/candidate_reward_mean",)
     _tag_names = ["trl", "trl_marl", "multi-agent", "marlhf", "rlhf"]
+    config_class = MARLHFConfig
+    args_class = MARLHFConfig
+    # a checkpoint holds the data of whichever step the backend is
+    resume_types = GroupBaselineStep.resume_types + ActorCriticStep.resume_types
 
     def __init__(
         self,
@@ -210,11 +237,16 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         adapter=None,
         comparator=None,
         replay_mode=None,
+        critic_model: Any = None,
+        critics: Sequence[Any] | None = None,
         **kwargs,
     ):
         """`comparator=` / `replay_mode=` (iterative trainers): a registered plugin name (instead of the config's
-        `comparator_policy` / `preference_replay_mode`) or a ready instance (see docs/plugins.md)."""
+        `comparator_policy` / `preference_replay_mode`) or a ready instance (see docs/plugins.md). `critic_model=` /
+        `critics=`: the `maac` / `iac` backends' critics (as `ActorCriticTrainer` takes them)."""
         args = self._checked_args(args)
+        self.rl_step = self._rl_step_for(args, critic_model, critics)
+        self.baseline = RL_ALGORITHMS[args.rl_algorithm]  # the REINFORCE backend's baseline; None for actor-critic
         fitted = reward_model is not None or args.reward_model_path is not None
         if fitted and (preference_pairs is not None or looks_like_preference_data(train_dataset)):
             raise ValueError(
@@ -246,6 +278,37 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         self._reward_model_state: dict | None = None  # the gathered reward model while `save_model` writes it
         self._round_step = 0  # iterative: training steps taken in the current round
         self.rounds = RoundDriver(self, *round_plugins) if self.runs_rounds else None
+
+    def _rl_step_for(self, args: MARLHFConfig, critic_model: Any, critics: Sequence[Any] | None) -> RLStep:
+        """The RL step `args.rl_algorithm` names in the algorithm registry: `GroupBaselineStep` with the algorithm's
+        baseline for the REINFORCE family, else the step of the algorithm's trainer (`step_class`: MAAC's, IAC's)."""
+        algorithm = get_algorithm(args.rl_algorithm)
+        given = critic_model is not None or critics is not None
+        if algorithm.baseline is not None:
+            if given:
+                backends = " or ".join(map(repr, ACTOR_CRITIC_BACKENDS))
+                raise ValueError(
+                    f"critic_model= / critics= are for the actor-critic backends (rl_algorithm {backends}); "
+                    f"rl_algorithm={args.rl_algorithm!r} trains without a critic: do not pass them, or choose one of "
+                    "those"
+                )
+            norm = args.advantage_normalization
+            return GroupBaselineStep(
+                self, algorithm.baseline, args.rl_algorithm == "magrpo" if norm is None else bool(norm)
+            )
+        if args.rl_algorithm == "maac" and not given:
+            raise ValueError(
+                "rl_algorithm='maac' trains a centralized critic: pass critic_model= (a model id / path or a model "
+                "object) or critics=[critic]"
+            )
+        return algorithm.trainer_class.step_class(self, args, critic_model, critics)
+
+    def _check_config(self, args: MARLHFConfig) -> None:
+        if args.rl_algorithm not in ("mareinforce", *ACTOR_CRITIC_BACKENDS) and args.num_generations < 2:
+            raise ValueError(
+                f"rl_algorithm={args.rl_algorithm!r} needs num_generations >= 2 (its baseline compares "
+                f"the samples of a group), got {args.num_generations}"
+            )
 
     def _setup_roles(self, model, args, reward_func, formatters):
         if self.reward_model is None and args.reward_model_name is None:
@@ -450,95 +513,39 @@ class _MARLHFMixin(PreferenceCollectionMixin):
         return batches + [b for k in range(need) for b in groups[k % len(groups)]]
 
 
-class MARLHFTrainer(_MARLHFMixin, MAGRPOTrainer):
-    """Multi-agent RLHF with a joint reward model (see the module docstring).
-
-    Takes the `MultiAgentTrainer` arguments plus `reward_model` (a fitted `JointRewardModel`: skips pair
-    collection and reward learning), `preference_pairs` (pairs collected elsewhere) and `adapter` (centralized mode).
-    `train_dataset` holds task items, or preference data (as `MADPOTrainer` takes it) to fit the reward model on as
-    given, the RL phase then rolling out on its prompts; `reward_funcs` is then needed only to evaluate.
-    `save_model` also writes `reward_model/`. With `rl_algorithm="maac"` or `"iac"` the instance built is a
-    `MARLHFMAACTrainer` / `MARLHFIACTrainer` (the same pipeline on `MAACTrainer` / `IACTrainer`), which also takes
-    `critic_model` / `critics`.
-    """
-
-    config_class = MARLHFConfig
-    args_class = MARLHFConfig
-    # rl_algorithm -> the actor-critic class this exact class builds instead (filled in once those are defined; a
-    # subclass that dispatches too sets its own, see `MARLHFIterTrainer`)
-    actor_critic_variants: dict[str, type] = {}
-
-    def __new__(cls, *args, **kwargs):
-        if len(args) > 2:  # TRL's positional order (model, reward_funcs, args, ...): see trainers/names.py
-            kwargs = {**dict(zip(TRL_POSITIONAL, args)), **kwargs}
-            args = ()
-        cfg = kwargs.get("args")
-        backend = cls.__dict__.get("actor_critic_variants", {}).get(getattr(cfg, "rl_algorithm", None))
-        if backend is not None:
-            kwargs["args"] = _convert_config(cfg, backend.config_class)
-            obj = object.__new__(backend)
-            obj.__init__(*args, **kwargs)  # not a subclass of `cls`: Python will not call __init__ again
-            return obj
-        return super().__new__(cls)
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.baseline = RL_ALGORITHMS[self.args.rl_algorithm]
-
-    def _check_config(self, args) -> None:
-        if args.rl_algorithm in ACTOR_CRITIC_BACKENDS:
-            raise ValueError(
-                f"rl_algorithm={args.rl_algorithm!r} is built by MARLHFTrainer(...) itself (it returns "
-                "the actor-critic variant); do not call the REINFORCE-family class directly"
-            )
-        if args.rl_algorithm != "mareinforce" and args.num_generations < 2:
-            raise ValueError(
-                f"rl_algorithm={args.rl_algorithm!r} needs num_generations >= 2 (its baseline compares "
-                f"the samples of a group), got {args.num_generations}"
-            )
-
-    def _normalize_advantages(self) -> bool:
-        norm = self.args.advantage_normalization
-        return self.args.rl_algorithm == "magrpo" if norm is None else bool(norm)
+# Removed names -> what replaces them, for one release: the backends are `MARLHFConfig(rl_algorithm=...)` on
+# `MARLHFTrainer` (a config name builds a `MARLHFConfig` with its backend).
+_REMOVED = {
+    "MARLHFMAACTrainer": ("MARLHFTrainer", None),
+    "MARLHFIACTrainer": ("MARLHFTrainer", None),
+    "MARLHFMAACConfig": ("MARLHFConfig", "maac"),
+    "MARLHFIACConfig": ("MARLHFConfig", "iac"),
+}
 
 
-def _convert_config(cfg: MARLHFConfig, target: type) -> MARLHFConfig:
-    """The same settings as an instance of the combined MARLHF + actor-critic config class."""
-    import dataclasses
+def removed_name(module: str, name: str, removed: dict[str, tuple[str, str | None]], namespace: dict) -> Any:
+    """A removed backend class of `module`, forwarded with a `TrlMarlDeprecationWarning`: a trainer name is the
+    trainer itself; a config name builds the config with its `rl_algorithm` (unless given)."""
+    if name not in removed:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new, backend = removed[name]
+    how = (
+        f"{new}(rl_algorithm={backend!r}, ...)"
+        if backend
+        else f"{new} (with {new.replace('Trainer', 'Config')}.rl_algorithm)"
+    )
+    warn_deprecated(
+        f"{module}.{name} is removed in the next release: use {how}", TrlMarlDeprecationWarning, stacklevel=3
+    )
+    target = namespace[new]
+    if backend is None:
+        return target
 
-    names = {f.name for f in dataclasses.fields(target) if f.init}
-    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init and f.name in names}
-    if values.get("advantage_normalization") is None:
-        values["advantage_normalization"] = True  # the actor-critic default
-    return target(**values)
+    def build(*args: Any, rl_algorithm: str = backend, **kwargs: Any) -> Any:
+        return target(*args, rl_algorithm=rl_algorithm, **kwargs)
 
-
-@dataclass
-class MARLHFMAACConfig(MARLHFConfig, MAACConfig):
-    """`MARLHFConfig` with `rl_algorithm="maac"`, as `MARLHFTrainer` builds it (fields of both)."""
-
-    advantage_normalization: bool = field(default=True, metadata={"help": "Z-score TD errors per group."})
-
-
-@dataclass
-class MARLHFIACConfig(MARLHFConfig, IACConfig):
-    """`MARLHFConfig` with `rl_algorithm="iac"`, as `MARLHFTrainer` builds it (fields of both)."""
-
-    advantage_normalization: bool = field(default=True, metadata={"help": "Z-score TD errors per group."})
-
-
-class MARLHFMAACTrainer(_MARLHFMixin, MAACTrainer):
-    """MARLHF with the MAAC backend (built by `MARLHFTrainer` for `rl_algorithm="maac"`)."""
-
-    config_class = MARLHFMAACConfig
-    args_class = MARLHFMAACConfig
+    return build
 
 
-class MARLHFIACTrainer(_MARLHFMixin, IACTrainer):
-    """MARLHF with the IAC backend (built by `MARLHFTrainer` for `rl_algorithm="iac"`)."""
-
-    config_class = MARLHFIACConfig
-    args_class = MARLHFIACConfig
-
-
-MARLHFTrainer.actor_critic_variants = {"maac": MARLHFMAACTrainer, "iac": MARLHFIACTrainer}
+def __getattr__(name: str) -> Any:
+    return removed_name(__name__, name, _REMOVED, globals())

@@ -1,12 +1,15 @@
-"""Round files of iterative preference training: one JSON file per round, `{"iteration", "num_pairs", "pairs"}`.
+"""Round files of iterative preference training: one JSON file per round, `{"iteration", "num_pairs", "sha256",
+"pairs"}`.
 
 `write_round_file` writes atomically (temp file in the same folder, fsync, rename), so a crash never leaves a
-half-written round; `read_round_file` validates what it reads, and any damage is a `CorruptedStateError` naming the
+half-written round; `read_round_file` validates what it reads (the content checksum first: a flipped digit in a
+reward or a character in a completion still parses), and any damage is a `CorruptedStateError` naming the
 file, what is wrong and what to do. `StoredRound` is a stored round read lazily, as the replay modes index it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -15,7 +18,14 @@ from collections.abc import Sequence
 from trl_marl.checkpointing.state_files import CorruptedStateError, read_json_state, require
 from trl_marl.trainers.preference.pair_checks import record_problem
 
-__all__ = ["ROUND_RECORD_KEYS", "StoredRound", "read_round_file", "round_file_name", "write_round_file"]
+__all__ = [
+    "ROUND_RECORD_KEYS",
+    "StoredRound",
+    "read_round_file",
+    "round_file_name",
+    "round_pairs_sha256",
+    "write_round_file",
+]
 
 ROUND_RECORD_KEYS = (
     "prompts",
@@ -33,15 +43,23 @@ def round_file_name(iteration: int) -> str:
     return f"iteration_{iteration:04d}.json"
 
 
+def round_pairs_sha256(records: list) -> str:
+    """SHA-256 of a round's pairs in one canonical JSON form (sorted keys, no spaces, non-ASCII kept): the same for
+    the records written and for the records `json` reads back (Python's floats round-trip exactly)."""
+    canonical = json.dumps(records, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def write_round_file(path: str, iteration: int, records: list[dict]) -> None:
-    """Write `{"iteration", "num_pairs", "pairs"}` to `path` atomically (temp file in the same folder, fsync,
-    rename), so a crash never leaves a half-written round."""
+    """Write `{"iteration", "num_pairs", "sha256", "pairs"}` to `path` atomically (temp file in the same folder,
+    fsync, rename), so a crash never leaves a half-written round; `sha256` is `round_pairs_sha256(records)`."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".round-", suffix=".json.tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"iteration": iteration, "num_pairs": len(records), "pairs": records}, f, ensure_ascii=False)
+            header = {"iteration": iteration, "num_pairs": len(records), "sha256": round_pairs_sha256(records)}
+            json.dump({**header, "pairs": records}, f, ensure_ascii=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -54,8 +72,9 @@ def write_round_file(path: str, iteration: int, records: list[dict]) -> None:
 def read_round_file(
     path: str, expected_iteration: int | None = None, num_agents: int | None = None, fix: str = _ROUND_FIX
 ) -> dict:
-    """Read and validate a round file: `{"iteration", "num_pairs", "pairs"}`, the pair count and (when given) the
-    round number agree with the header, every pair has the record fields (with `num_agents` entries per list) and
+    """Read and validate a round file: `{"iteration", "num_pairs", "sha256", "pairs"}`, the pairs match the checksum
+    written with them (files written before checksums, without the key, are read unverified), the pair count and
+    (when given) the round number agree with the header, every pair has the record fields (with `num_agents` entries per list) and
     passes `pair_checks.record_problem` (string completions, finite rewards, a winner whose recorded reward is not
     below the loser's: a pair whose winner and loser were swapped is refused). Any damage is a
     `CorruptedStateError` naming the file, the pair's index, what is wrong and `fix`."""
@@ -80,6 +99,17 @@ def read_round_file(
         problem = record_problem(rec)
         if problem is not None:
             raise CorruptedStateError(path, f"pair {k}: {problem}", fix)
+    # last: a change the checks above name gets their message; a change that still reads as a valid pair gets this
+    if "sha256" in data:
+        written = require(data, "sha256", str, path, fix)
+        try:
+            actual = round_pairs_sha256(pairs)
+        except ValueError:  # a NaN or inf the writer never writes (allow_nan=False)
+            actual = None
+        if actual != written:
+            raise CorruptedStateError(
+                path, "its pairs do not match the SHA-256 written with them (changed on disk)", fix
+            )
     return data
 
 
