@@ -184,6 +184,20 @@ def test_dapo_normalizes_by_generated_tokens_as_trl(tiny_path, tok, tmp_path):
     assert not torch.allclose(loss, with_tool_tokens, atol=1e-4)
 
 
+def test_auto_engine_keeps_transformers_when_the_vllm_correction_is_asked(tiny_path, tok, tmp_path, monkeypatch):
+    """use_vllm='auto' on an agentic team with loss_type and vLLM's IS correction (TRL's default) picks transformers'
+    generate, saying why, where the rule alone would pick vLLM; use_vllm=True is refused at construction above."""
+    import trl_marl.generation.vllm_backend as backend
+    import trl_marl.trainers.building as building
+    from trl_marl.generation import HFGeneration
+    from trl_marl.generation.choice import BackendChoice
+
+    monkeypatch.setattr(backend, "check_vllm_available", lambda: "0.31.0")
+    monkeypatch.setattr(building, "choose_backend", lambda *a: BackendChoice(True, "the rule"))
+    trainer = signal_trainer(tiny_path, tok, tmp_path, use_vllm="auto", loss_type="dapo")
+    assert type(trainer.generation) is HFGeneration and trainer.args.use_vllm is False
+
+
 class Counter:
     """A shared counter. Agent 1 adds through `add`; the reward is the final value, known only at the end."""
 

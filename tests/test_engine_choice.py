@@ -28,6 +28,7 @@ def args(**overrides):
         ({"share_base_model": True, "vllm_enable_lora": False}, [config()], "cpu", "0.31.0", True, "hidden size 512"),
         ({}, [config(), config(128, 2)], "cpu", "0.31.0", False, "hidden size 128 < 512 and 16 < 128 new tokens"),
         ({"max_completion_length": 128}, [config(128, 2)], "cpu", "0.31.0", True, "128 new tokens"),
+        ({"max_completion_length": [16, 128]}, [config(128, 2)], "cpu", "0.31.0", True, "128 new tokens"),  # per agent
         ({}, [config()], "mps", "0.31.0", False, "no engine for the 'mps' device"),
     ],
 )

@@ -76,7 +76,8 @@ def choose_backend(
             "a shared-base LoRA team on CPU: vLLM's CPU LoRA ops made one multi-LoRA engine 1.9x slower than per-agent "
             "engines (vllm_enable_lora=False and use_vllm=True give those)",
         )
-    tokens = args.max_completion_length
+    lengths = args.max_completion_length  # one value, or one per agent (the MAGRPO family)
+    tokens = max(lengths) if isinstance(lengths, (list, tuple)) else lengths
     if hidden >= CPU_MIN_HIDDEN_SIZE or tokens >= CPU_MIN_COMPLETION_LENGTH:
         return BackendChoice(
             True,
