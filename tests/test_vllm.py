@@ -77,6 +77,10 @@ class EditAfterFirstStep(TrainerCallback):
             make_certain(self.trainer.team.agents[0], CERTAIN)
 
 
+DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+ENV_BEFORE_ENGINES: dict[str, str | None] = {}
+
+
 @pytest.fixture(scope="module")
 def trained(vllm_path, tmp_path_factory, items_list):
     """A 2-agent MAGRPO team on two vLLM engines, trained 2 steps (lr 0) with agent 1 edited after step 1; the
@@ -88,6 +92,7 @@ def trained(vllm_path, tmp_path_factory, items_list):
         return length_reward(c1, c2)
 
     cb = EditAfterFirstStep()
+    ENV_BEFORE_ENGINES.update({key: os.environ.get(key) for key in DISTRIBUTED_ENV})
     args = MAGRPOConfig(
         output_dir=str(tmp_path_factory.mktemp("magrpo")),
         num_agents=2,
@@ -126,6 +131,13 @@ def test_two_steps_push_weights_and_log_the_sampling_gap(trained):
         assert 0.0 <= log["sampling/sampling_logp_difference/mean"] < 1e-4
         assert log["sampling/sampling_logp_difference/max"] < 1e-3
         assert "agent_2/sampling/sampling_logp_difference/mean" in log
+
+
+def test_engines_leave_the_process_environment_as_they_found_it(trained):
+    """vLLM's colocated engines read RANK / WORLD_SIZE / MASTER_PORT while they start; left set (as TRL leaves them),
+    a process launched afterwards (`accelerate launch`) inherits WORLD_SIZE and the port vLLM's group holds here, and
+    fails with EADDRINUSE or takes itself for a rank of a group."""
+    assert ENV_BEFORE_ENGINES and {key: os.environ.get(key) for key in DISTRIBUTED_ENV} == ENV_BEFORE_ENGINES
 
 
 def test_engine_samples_from_the_new_weights_after_an_optimizer_step(trained, vllm_path):

@@ -23,6 +23,7 @@ merged weights for PEFT, where a shared-base team needs LoRA requests.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import logging
@@ -221,8 +222,28 @@ def iter_vllm_weights(model: nn.Module, dist, adapter: str | None = None) -> Ite
 
 
 # ---------------------------------------------------------------------------------------------------------- engines
+_DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def _distributed_env(accelerator) -> Iterator[None]:
+    """What vLLM's `external_launcher` executor reads while an engine starts (as TRL's colocate mode sets it), and
+    the process environment as it was afterwards. TRL leaves the variables set; then a process launched later from
+    this one (an `accelerate launch`, a `torchrun`) inherits `WORLD_SIZE` and the `MASTER_PORT` that vLLM's
+    process group holds here, and fails to bind it or takes itself for one rank of a group."""
+    saved = {key: os.environ.get(key) for key in _DISTRIBUTED_ENV}
+    try:
+        _set_distributed_env(accelerator)
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _set_distributed_env(accelerator) -> None:
-    """What vLLM's `external_launcher` executor needs (as TRL's colocate mode sets it)."""
     from trl.trainer.utils import ensure_master_addr_port
 
     os.environ["RANK"] = str(accelerator.process_index)
@@ -316,7 +337,6 @@ class VLLMTeamGeneration(VLLMSampling):
         self._lora_version = 0
         self._lora_requests: list[Any] = []
         self.startup_seconds = 0.0
-        _set_distributed_env(accelerator)
         t0 = time.perf_counter()
         if self.lora and not torch.cuda.is_available():
             logger.warning(
@@ -324,10 +344,11 @@ class VLLMTeamGeneration(VLLMSampling):
                 "ops (measured 2.1x the generation time of one engine per agent with merged adapters on a tiny "
                 "model); vllm_enable_lora=False is faster on CPU (docs/vllm.md)"
             )
-        if self.lora:
-            self.engines = [self._start_engine(team.shared, lora_rank=_lora_rank(peft_config))]
-        else:
-            self.engines = [self._start_engine(agent) for agent in team.agents]
+        with _distributed_env(accelerator):
+            if self.lora:
+                self.engines = [self._start_engine(team.shared, lora_rank=_lora_rank(peft_config))]
+            else:
+                self.engines = [self._start_engine(agent) for agent in team.agents]
         self.startup_seconds = time.perf_counter() - t0
         self._sleeping = False
         if self.enable_sleep_mode:
