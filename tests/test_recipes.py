@@ -178,3 +178,18 @@ def test_recipe_honours_resume_from_checkpoint(tmp_path, tiny_path):
     assert resumed._restored_from == str(tmp_path / "run" / "checkpoint-2")
     assert resumed.state.global_step == 3
     assert resumed.before_reward is None  # no evaluation "before training" of a resumed run
+
+
+def test_the_marlhf_reward_model_stage_is_quiet_after_a_one_process_group(tmp_path):
+    """MARLHF with colocated vLLM: the engine starts a one-process torch.distributed group in the trainer's process;
+    building the reward stage's `RewardConfig` after it made transformers warn "process group is initialized, but
+    parallel_mode != DISTRIBUTED". The quiet test above, in a process that holds such a group."""
+    script = (
+        "import socket, sys, torch, pytest\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()\n"
+        "torch.distributed.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1)\n"
+        "sys.exit(pytest.main(['-q', '-p', 'no:randomly', '-p', 'no:cacheprovider', "
+        f"'{__file__}::test_the_marlhf_reward_model_stage_is_quiet']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

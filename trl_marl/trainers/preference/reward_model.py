@@ -279,7 +279,7 @@ class JointRewardModel(nn.Module):
             dataloader_pin_memory=torch.cuda.is_available(),  # nothing to pin to on a CPU (torch warns)
         )
         config.update(reward_config)
-        with _rng_preserved(), _accelerate_state_preserved():
+        with _rng_preserved(), _accelerate_state_preserved(), _one_process_group_note_silenced():
             with training_args_quietly():
                 reward_config = RewardConfig(**config)
             trainer = _stage_reward_trainer_class()(
@@ -362,6 +362,25 @@ def _head_load_report_silenced():
         yield
     finally:
         report.removeFilter(not_the_load_report)
+
+
+@contextlib.contextmanager
+def _one_process_group_note_silenced():
+    """transformers warns that "torch.distributed process group is initialized, but parallel_mode !=
+    ParallelMode.DISTRIBUTED" when a one-process run builds its `RewardConfig` after a colocated vLLM engine started
+    its own one-process group (MARLHF with `use_vllm`): the stage trains in this one process as it should, so that
+    known-harmless note is dropped while a world of one holds the group; any other message passes."""
+
+    def not_the_note(record: logging.LogRecord) -> bool:
+        one_process = torch.distributed.is_initialized() and torch.distributed.get_world_size() == 1
+        return not (one_process and "process group is initialized, but parallel_mode" in record.getMessage())
+
+    note = logging.getLogger("transformers.training_args")
+    note.addFilter(not_the_note)
+    try:
+        yield
+    finally:
+        note.removeFilter(not_the_note)
 
 
 @contextlib.contextmanager
