@@ -230,27 +230,12 @@ def tool_tokenizer(path):
 
 
 def agentic_args(tmp_path, cls=None, **overrides):
-    """A config for fast agentic CPU tests (MAGRPO's unless `cls`): sequential turns, room for a tool call."""
+    """A config for fast agentic CPU tests (MAGRPO's unless `cls`): `cpu_args` with sequential turns, room for a
+    tool call and the config's default evaluation size."""
     from trl_marl import MAGRPOConfig
 
-    cls = cls or MAGRPOConfig
-    defaults = dict(
-        output_dir=str(tmp_path / "out"),
-        num_agents=2,
-        num_generations=2,
-        max_completion_length=128,
-        rollout_buffer_size=2,
-        learning_rate=1e-3,
-        max_steps=1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-        turn_order="sequential",
-    )
-    defaults.update(overrides)
-    return cls(**defaults)
+    settings = dict(max_completion_length=128, eval_num_samples=16, turn_order="sequential")
+    return cpu_args(cls or MAGRPOConfig, tmp_path, **{**settings, **overrides})
 
 
 class Scripted:

@@ -13,23 +13,12 @@ import os
 import shutil
 from collections.abc import Callable, Iterable
 
+from trl_marl.checkpointing.checkpoint import _fsync_dir  # the checkpoint folders' fsync, shared
+
 __all__ = ["STAGING_NAME", "write_entries_atomically"]
 
 STAGING_NAME = ".tmp-save"
 _ASIDE_NAME = ".old-save"
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on folders
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_entries_atomically(

@@ -182,11 +182,13 @@ class AgenticRollout:
             node.samples = [[] for _ in range(n)]
             for i in range(n):
                 tok = self.player.tokenizers[i]
+                idle_ids = None  # the node's prompt tokens, for the branches where agent i did not act
                 for k, b in enumerate(group):
                     turn = turns.get((b.uid, i))
                     if turn is None:  # did not act here (turn-based game, episode over): one masked EOS, no action
-                        ids = prompt_token_ids(tok, [node.prompts[i]], None)[0]
-                        turn = AgentTurn(PromptText(node.prompts[i]), ids)
+                        if idle_ids is None:
+                            idle_ids = prompt_token_ids(tok, [node.prompts[i]], None)[0]
+                        turn = AgentTurn(PromptText(node.prompts[i]), list(idle_ids))
                         turn.extend([self._eos[i]], generated=False)
                     completion = torch.tensor(turn.completion_ids, dtype=torch.long)
                     sample = Sample(
