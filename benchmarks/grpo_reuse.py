@@ -72,8 +72,9 @@ def run(loss_type, iterations: int, spg: int, steps: int, args) -> dict:
         return compute_loss(model, inputs, *a, **k)
 
     trainer.compute_loss = counting_loss
-    if trainer.grpo_step is not None:
-        prepare = trainer.grpo_step.prepare
+    grpo_step = trainer.rl_step.grpo_step
+    if grpo_step is not None:
+        prepare = grpo_step.prepare
 
         def measured_prepare(rollout):
             out = prepare(rollout)
@@ -83,7 +84,7 @@ def run(loss_type, iterations: int, spg: int, steps: int, args) -> dict:
             )
             return out
 
-        trainer.grpo_step.prepare = measured_prepare
+        grpo_step.prepare = measured_prepare
     else:
         original = trainer._rollout_step
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -149,7 +150,7 @@ trainer.train()
 player = trainer.train_rollout_engine.player
 info = dict(rank=trainer.accelerator.process_index, steps=trainer.state.global_step, calls=player.generate_calls,
             rows=player.rows, collective=trainer.generation.collective)
-print("RESULT", json.dumps(info), flush=True)
+print("RESULT " + json.dumps(info), flush=True)  # one write (PYTHONUNBUFFERED writes each print argument apart)
 """
 
 
@@ -167,12 +168,10 @@ def test_two_processes_with_uneven_episodes(tiny_path, tmp_path, engine):
     script = tmp_path / "run.py"
     script.write_text(ZERO3_SCRIPT.format(tests=str(ROOT / "tests"), tiny=tiny_path, out=str(tmp_path / "out")))
     proc = accelerate_launch(ROOT / "accelerate_configs" / f"{engine}.yaml", script, timeout=900)
-    results = sorted(
-        (json.loads(line.split("RESULT", 1)[1]) for line in proc.stdout.splitlines() if "RESULT" in line),
-        key=lambda r: r["rank"],
-    )
+    # the two ranks' lines can interleave on the shared stdout: find each JSON object, not each line
+    results = sorted((json.loads(m) for m in re.findall(r"RESULT (\{[^{}]*\})", proc.stdout)), key=lambda r: r["rank"])
     collective = engine.startswith("zero3")
-    assert [r["rank"] for r in results] == [0, 1] and all(r["steps"] == 2 for r in results)
+    assert [r["rank"] for r in results] == [0, 1], proc.stdout[-3000:] and all(r["steps"] == 2 for r in results)
     assert all(r["collective"] == collective for r in results)
     assert results[0]["rows"] < results[1]["rows"]  # rank 0 had less to generate
     if collective:

@@ -120,6 +120,30 @@ def test_the_automatic_plan_is_one_forward_within_the_budget_and_group_aligned_c
     assert chunk_plan([model], [batch]) == [(3, True)]
 
 
+def test_sharded_agents_are_one_forward_each_whatever_the_budget(model, monkeypatch):
+    """ZeRO-3 / FSDP2: processes holding different numbers of rows must run the same forwards of each agent (each
+    gathers the agent's shards): chunks sized from each process's rows made rank 1 recompute an agent in the
+    backward that rank 0 did not (a gloo size mismatch, test_agentic_training's uneven episodes under ZeRO-3)."""
+    batch = grouped_batch(G=4)
+    monkeypatch.setattr(scoring, "budget_bytes", lambda m: 1)  # nothing fits: unsharded, every row is a chunk
+    assert chunk_plan([model, model], [batch, batch]) == [(1, False), (1, True)]
+    monkeypatch.setattr(scoring, "_sharded", lambda m: True)
+    assert chunk_plan([model, model], [batch, batch]) == [(12, True), (12, True)]
+    assert chunk_plan([model, model], [None, batch], rows=2) == [None, (12, True)]
+
+
+def test_logprob_batch_size_is_refused_on_sharded_teams(tmp_path):
+    from trl_marl import MAGRPOConfig
+    from trl_marl.trainers.arguments import check_sharded_scoring
+
+    args = MAGRPOConfig(output_dir=str(tmp_path), logprob_batch_size=4, report_to="none")
+    check_sharded_scoring(args, sharded=False)
+    with pytest.raises(ValueError, match=r"logprob_batch_size=4 is not supported with DeepSpeed ZeRO-3 or FSDP2"):
+        check_sharded_scoring(args, sharded=True)
+    args.logprob_batch_size = None
+    check_sharded_scoring(args, sharded=True)
+
+
 def test_logprob_batch_size_is_checked(tmp_path):
     from trl_marl import MAGRPOConfig
 

@@ -188,17 +188,24 @@ def chunk_plan(
     `rows` (`logprob_batch_size`) sets the chunk size. `None`: when the estimated activations of every agent's batch
     together fit `budget_bytes` (of the largest agent), each agent is one forward and nothing is recomputed (as
     without chunks); above it, chunks of as many rows as the budget holds (a multiple of the prompt groups' size when
-    one fits)."""
+    one fits).
+
+    Sharded agents (ZeRO-3, FSDP2) are one forward each, kept, whatever `rows` says: every process must run the same
+    forwards of an agent (each gathers its shards), and processes hold different numbers of rows; the trainer refuses
+    `logprob_batch_size` there (`trl_marl.trainers.arguments.check_sharded_scoring`)."""
     scored = [i for i, b in enumerate(batches) if b is not None]
+    whole = [None if b is None else (b.input_ids.shape[0], True) for b in batches]
+    if any(_sharded(models[i]) for i in scored):
+        return whole
     plan: list[tuple[int, bool] | None] = [None] * len(batches)
     if rows is None:
         estimates = {i: _per_row(models[i], batches[i]) for i in scored}
         if any(e is None for e in estimates.values()):
-            return [None if b is None else (b.input_ids.shape[0], True) for b in batches]
+            return whole
         total = sum(estimates[i][0] * batches[i].input_ids.shape[0] for i in scored)
         budget = max((budget_bytes(models[i]) for i in scored), default=MIN_BUDGET_BYTES)
         if total <= budget:
-            return [None if b is None else (b.input_ids.shape[0], True) for b in batches]
+            return whole
     for i in scored:
         B = batches[i].input_ids.shape[0]
         if rows is None:

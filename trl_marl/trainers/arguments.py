@@ -17,6 +17,7 @@ __all__ = [
     "check_run_arguments",
     "team_reward",
     "check_shared_base",
+    "check_sharded_scoring",
     "check_formatters_on_first_items",
     "column_names",
     "apply_wandb_config",
@@ -116,6 +117,19 @@ def check_shared_base(model: Any, args: Any, peft_config: Any, trainer: str, sup
         raise ValueError(
             "share_base_model=True puts every agent on one model: parallel_training='mp' cannot place them on "
             "different devices"
+        )
+
+
+def check_sharded_scoring(args: Any, sharded: bool) -> None:
+    """Refuse `logprob_batch_size` on a team sharded by ZeRO-3 or FSDP2: there the processes' scoring forwards must
+    match one to one (each gathers the agent's shards, a collective), and chunks of rows would differ in number
+    between processes holding different numbers of rows (and re-gathering the agent for a second forward breaks
+    ZeRO-3's recorded fetch order). Sharded teams score each agent's rows in one forward."""
+    if sharded and args.logprob_batch_size is not None:
+        raise ValueError(
+            f"logprob_batch_size={args.logprob_batch_size} is not supported with DeepSpeed ZeRO-3 or FSDP2: sharded "
+            "agents score each agent's rows in one forward (every process must run the same forwards). Leave "
+            "logprob_batch_size=None and bound activations with gradient_checkpointing=True instead."
         )
 
 

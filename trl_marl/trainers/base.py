@@ -35,7 +35,7 @@ from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample
 from trl_marl.data_types.text import UNKNOWN_EOS, PromptText
 from trl_marl.distributed.fsdp import enable_fsdp_on_cpu, is_fsdp2, shard_team
 from trl_marl.distributed.memory import MMAP_THRESHOLD, ONE_PROCESS_MMAP_THRESHOLD, return_freed_tensors_to_os
-from trl_marl.distributed.zero3 import fill_bucket_sizes, zero3_init_flag_honoured
+from trl_marl.distributed.zero3 import fill_bucket_sizes, is_zero3, zero3_init_flag_honoured
 from trl_marl.hub import init_trainer_repos, push_trainer, push_trainer_checkpoint, write_trainer_cards
 from trl_marl.models.loading import completion_token_ids, ended_with_eos, eos_token_ids
 from trl_marl.models.team import TeamModel
@@ -213,6 +213,7 @@ class MultiAgentTrainer(_BaseTrainer):
         )
         if self.is_deepspeed_enabled:  # DeepSpeed's buffers sized for this team, before any engine is built
             fill_bucket_sizes(self.accelerator.state.deepspeed_plugin.deepspeed_config, self.model)
+        arguments.check_sharded_scoring(args, is_zero3(self.accelerator) or is_fsdp2(self.accelerator))
 
         # ---- the parts ----
         self._metrics = MetricsRecorder(self.accelerator, n, self.eos_ids, metrics_callback)
