@@ -153,7 +153,7 @@ class MultiAgentConfig(_BaseConfig):
             in chunks of this many, every chunk but an agent's last recomputed in the backward (activation
             checkpointing), so a step's activation peak is one chunk per agent. `None` sizes the chunks from a
             memory budget of one agent's weights (at least 64 MiB): a batch within it is one forward, as without
-            chunks (`trl_marl.models.scoring`).
+            chunks (`trl_marl.models.scoring`). Refused under ZeRO-3 / FSDP2, which score each agent in one forward.
         reward_weights: with a list of `reward_funcs`: one weight per function (default 1 each), as in TRL's
             `GRPOConfig.reward_weights`; the team reward is the weighted sum.
         model_init_kwargs: keyword arguments for `from_pretrained` when the agents are given as ids (TRL's field),
