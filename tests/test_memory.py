@@ -300,3 +300,48 @@ def test_loading_estimate_is_within_25_percent_of_each_ranks_construction_peak(r
         est = rank["estimate"]
         built = rank["built"] - rank["before"]
         assert abs(est["loading"] - built) <= 0.25 * built, (config, est["loading"] / built, est["loading"], built)
+
+
+FAULTS_SCRIPT = """
+import json, resource, torch
+from trl_marl.distributed import memory
+
+def faults(n=8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        t = torch.ones(1 << 20)  # 4 MiB, every page touched
+        del t
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+assert memory.return_freed_tensors_to_os(memory.ONE_PROCESS_MMAP_THRESHOLD)
+mapped = faults()
+before = rss_mb()
+with memory.freed_tensors_reused():
+    held = [torch.ones(1 << 20) for _ in range(16)]  # 64 MiB on the heap, freed inside
+    del held
+    faults()
+    heap = faults()
+after_exit = rss_mb()
+held = [torch.ones(1 << 20) for _ in range(16)]  # after: freed tensors leave the RSS again
+del held
+after_free = rss_mb()
+print(json.dumps({"mapped": mapped, "heap": heap, "before": before, "after_exit": after_exit, "after_free": after_free}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt / malloc_trim")
+def test_the_rollouts_tensors_reuse_the_heap_and_give_it_back():
+    """`freed_tensors_reused` (around a one-process CPU rollout): 4 MiB tensors allocated and freed in turn reuse
+    heap pages (no new page faults; mapped, each faults its 1,024 pages again), the heap's freed pages leave the RSS
+    on exit, and freed tensors leave it after too. In a subprocess: the allocator settings are process-wide."""
+    proc = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["mapped"] >= 8 * 1000, r  # mapped: every page faulted in again
+    assert r["heap"] < r["mapped"] / 10, r
+    assert r["after_exit"] < r["before"] + 16, r  # the 64 MiB held inside were trimmed
+    assert r["after_free"] < r["before"] + 16, r

@@ -52,7 +52,9 @@ docs/scaling.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -64,6 +66,7 @@ __all__ = [
     "layer_parameters",
     "return_freed_tensors_to_os",
     "ONE_PROCESS_MMAP_THRESHOLD",
+    "freed_tensors_reused",
     "main",
 ]
 
@@ -140,6 +143,19 @@ MMAP_THRESHOLD = 128 << 10  # bytes: host allocations from this size on get page
 # the model-shaped 2-agent team (hidden 512, 8 layers): peak RSS 1497 -> 1389 MB at 1 MiB, 1386 MB at 512 KiB, 1481 MB
 # at 2 MiB (benchmarks/comlrl_side_by_side.py, docs/scaling.md).
 ONE_PROCESS_MMAP_THRESHOLD = 1 << 20
+_HEAP_THRESHOLD = 32 << 20  # glibc's largest M_MMAP_THRESHOLD on 64-bit: below it, allocations come from the heap
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters
+_M_TRIM_THRESHOLD = -1
+_TRIM_THRESHOLD = 128 << 10  # glibc's default: free memory above this at the heap's top is given back
+_threshold: int | None = None  # what `return_freed_tensors_to_os` set in this process (None: nothing)
+
+
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
 
 
 def return_freed_tensors_to_os(threshold: int = MMAP_THRESHOLD) -> bool:
@@ -153,18 +169,38 @@ def return_freed_tensors_to_os(threshold: int = MMAP_THRESHOLD) -> bool:
     team, 2 processes: FSDP2's per-rank peak RSS went from 0.95-1.00x of DDP's to 0.51x; docs/scaling.md). trl_marl
     calls it for CPU runs: at `MMAP_THRESHOLD` with several processes, at `ONE_PROCESS_MMAP_THRESHOLD` in one. Returns whether glibc took the setting (False elsewhere: musl, macOS,
     Windows)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
+    global _threshold
     try:
-        libc = ctypes.CDLL(name)
-        m_mmap_threshold = -3  # glibc's M_MMAP_THRESHOLD
-        return bool(libc.mallopt(m_mmap_threshold, int(threshold)))
+        libc = _libc()
+        taken = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
     except (OSError, AttributeError):
         return False
+    _threshold = int(threshold) if taken else _threshold
+    return taken
+
+
+@contextlib.contextmanager
+def freed_tensors_reused() -> Iterator[None]:
+    """Inside: host allocations below 32 MiB come from glibc's heap, where a freed block is reused by the next one of
+    its size; on exit the heap's free pages go back to the OS (`malloc_trim`) and the threshold
+    `return_freed_tensors_to_os` set applies again. Nothing changes where it set none.
+
+    For generation on CPU: every decode step grows each layer's KV cache by a `torch.cat` into a new tensor of a MiB
+    or more. Mapped, each costs its pages' faults anew (measured on the model-shaped team: 204,000 minor faults and
+    0.2 s of system time per rollout; on the heap 9,000); generation is not where a step's RSS peaks, and the trim
+    returns what it freed before the loss's forward. Also keeps freed memory at the heap's top (glibc's trim
+    threshold, restored to its default of 128 KiB on exit)."""
+    libc = _libc() if _threshold is not None else None
+    if libc is None or not libc.mallopt(_M_MMAP_THRESHOLD, _HEAP_THRESHOLD):
+        yield
+        return
+    libc.mallopt(_M_TRIM_THRESHOLD, _HEAP_THRESHOLD)  # a freed block at the heap's top stays for the next one
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+        libc.mallopt(_M_MMAP_THRESHOLD, _threshold)
+        libc.malloc_trim(0)
 
 
 def _load_config(model_config_or_id):

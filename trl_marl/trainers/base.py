@@ -34,7 +34,12 @@ from trl_marl.data_types.rng import RNGStreams
 from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample
 from trl_marl.data_types.text import UNKNOWN_EOS, PromptText
 from trl_marl.distributed.fsdp import enable_fsdp_on_cpu, is_fsdp2, shard_team
-from trl_marl.distributed.memory import MMAP_THRESHOLD, ONE_PROCESS_MMAP_THRESHOLD, return_freed_tensors_to_os
+from trl_marl.distributed.memory import (
+    MMAP_THRESHOLD,
+    ONE_PROCESS_MMAP_THRESHOLD,
+    freed_tensors_reused,
+    return_freed_tensors_to_os,
+)
 from trl_marl.distributed.zero3 import fill_bucket_sizes, is_zero3, zero3_init_flag_honoured
 from trl_marl.hub import init_trainer_repos, push_trainer, push_trainer_checkpoint, write_trainer_cards
 from trl_marl.models.loading import completion_token_ids, ended_with_eos, eos_token_ids
@@ -412,7 +417,9 @@ class MultiAgentTrainer(_BaseTrainer):
         """Roll out `items` (training reward), set the KL penalties, compute the returns and the `_experience`, record
         it all; return each training step's inputs (`{"rollout", "items", **experience.inputs}`, `_update_chunks`)."""
         t0 = time.perf_counter()
-        with self.rng_streams.scoped("rollout", self._rng_round()):
+        # one process on CPU: the rollout's tensors from glibc's heap (trl_marl.distributed.memory)
+        heap = freed_tensors_reused() if self.args.world_size == 1 else contextlib.nullcontext()
+        with self.rng_streams.scoped("rollout", self._rng_round()), heap:
             rollout = self.train_rollout_engine.run(items, self.generation.generate)
         t1 = time.perf_counter()
         if self.args.reference_kl_enabled:
