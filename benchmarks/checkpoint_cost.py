@@ -1,7 +1,7 @@
 """Cost of one checkpoint: the crash-safe one (staging folder, fsync, marker, rename, resume state) against the
 plain transformers `Trainer._save_checkpoint` the trainers used before, in the same process, interleaved.
 
-    python benchmarks/checkpoint_cost.py [--repeats 5]     # writes benchmarks/results/checkpoint_cost.json
+    python benchmarks/checkpoint_cost.py [--repeats 5] [--output PATH]  # default benchmarks/results/checkpoint_cost.json
 
 Two teams of 2 agents (MAGRPO, one optimizer step taken so the optimizer has state): the tiny reference model, and a
 model-shaped one (hidden 512, intermediate 1376, 8 layers, 8 heads). Each repeat times one checkpoint of each kind
@@ -12,7 +12,6 @@ and crash-safe with the marker's SHA-256 made a constant (the cost of the checks
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -132,19 +131,21 @@ def measure(shape: dict, repeats: int) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--output", type=Path, default=_common.RESULTS / "checkpoint_cost.json")
+    parser.add_argument("--shapes", nargs="+", choices=["tiny", "model-shaped"], default=["tiny", "model-shaped"])
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    results = {name: measure(shape, args.repeats) for name, shape in SHAPES.items()}
+    shapes = {name: shape for name, shape in SHAPES.items() if name.split(" (")[0] in args.shapes}
+    results = {name: measure(shape, args.repeats) for name, shape in shapes.items()}
     for name, r in results.items():
         print(
             f"{name}: {r['params'] / 1e6:.2f} M params, plain {r['plain_s']:.3f} s, crash-safe {r['atomic_s']:.3f} s, "
             f"ratio {r['ratio']:.2f}x (without fsync {r['atomic_no_fsync_s']:.3f} s, {r['ratio_no_fsync']:.2f}x; "
             f"without hashing {r['atomic_no_hash_s']:.3f} s, {r['ratio_no_hash']:.2f}x)"
         )
-    _common.RESULTS.mkdir(parents=True, exist_ok=True)
-    (_common.RESULTS / "checkpoint_cost.json").write_text(json.dumps(results, indent=2))
+    _common.write_json(args.output, results)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Step time and per-rank peak RSS of the distributed engines on the same run, against 2-process DDP.
 
     python benchmarks/engines.py [--configs multi_cpu zero2_cpu zero3_cpu_flag_off zero3_cpu fsdp2_cpu] [--rounds 2]
-                                 [--num_processes 4] [--mode rss=kl,steps=2]
+                                 [--num_processes 4] [--mode rss=kl,steps=2] [--output PATH]
+    python benchmarks/engines.py --configs multi_cpu --mode rss=steps=1 --output /tmp/engines.json  # smoke run
 
 Each config launches `tests/scripts/dist_run.py OUT rss` (a model-shaped team: 2 agents, hidden 512, 8 layers;
 MAGRPO, 3 steps) through `accelerate launch`; every rank writes its RSS before the trainer, its peak RSS, its RSS at
@@ -9,7 +10,8 @@ the end of each phase (built, prepared, rollout, step), its step times and the t
 seconds. `zero3_cpu_flag_off` is zero3_cpu.yaml with `zero3_init_flag: false`. With `--rounds N` the configs run
 interleaved N times (round-robin, so that a load change on a shared machine hits every engine alike); each row is
 the mean step time and the largest per-rank peak over the rounds, with ratios against the first config (DDP).
-Writes benchmarks/results/engines.json (`engines_{N}p_{mode}.json` with other `--num_processes` / `--mode`).
+Writes `--output`, by default benchmarks/results/engines.json (`engines_{N}p_{mode}.json` with other
+`--num_processes` / `--mode`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import RESULTS, ROOT, write_json
+
 CONFIGS = ["multi_cpu", "zero2_cpu", "zero3_cpu_flag_off", "zero3_cpu", "fsdp2_cpu"]
 
 
@@ -51,11 +54,15 @@ def load_average() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", nargs="+", default=CONFIGS)
+    p.add_argument("--configs", nargs="+", choices=CONFIGS, default=CONFIGS)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--num_processes", type=int, default=2)
     p.add_argument("--mode", default="rss", help="dist_run.py's mode: `rss`, or `rss=kl,steps=2` (reference KL)")
+    p.add_argument("--output", type=Path, default=None, help="default: benchmarks/results/engines[_{N}p_{mode}].json")
     a = p.parse_args(argv)
+    if a.output is None:
+        default = (a.num_processes, a.mode) == (2, "rss")
+        a.output = RESULTS / ("engines.json" if default else f"engines_{a.num_processes}p_{a.mode}.json")
     runs: dict[str, list[list[dict]]] = {c: [] for c in a.configs}
     loads = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,9 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             f" ({r['memory_vs_first']:.2f}x)  built {r['built_peak_growth_mb']} MB"
         )
     print(f"load average (1 min) before each launch: {[round(x, 1) for x in loads]}")
-    name = "engines.json" if (a.num_processes, a.mode) == (2, "rss") else f"engines_{a.num_processes}p_{a.mode}.json"
     result = {"rows": rows, "load_average": loads, "rounds": a.rounds, "num_processes": a.num_processes}
-    (ROOT / "benchmarks" / "results" / name).write_text(json.dumps({**result, "mode": a.mode}, indent=2))
+    write_json(a.output, {**result, "mode": a.mode})
     return 0
 
 

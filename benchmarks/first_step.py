@@ -1,6 +1,7 @@
 """The first optimizer step against a steady one: what a run pays once, and what warming at construction saves.
 
-    python benchmarks/first_step.py [--steps 6]     # writes benchmarks/results/first_step.json
+    python benchmarks/first_step.py [--steps 6]     # writes benchmarks/results/first_step.json (or --output PATH)
+    python benchmarks/first_step.py --steps 3 --shapes tiny --output /tmp/first_step.json   # smallest: a smoke run
 
 A 2-agent MAGRPO team (8 prompts x G=4, 16 new tokens, one thread) of the tiny reference model and of the
 model-shaped one (hidden 512, 8 layers), each run in its own process. The first step is timed from the start of
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import _common
 
@@ -25,6 +27,7 @@ SHAPES = {
         hidden_size=512, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8
     ),
 }
+SHAPE_KEYS = {name.split(" (")[0]: name for name in SHAPES}  # `--shapes tiny model-shaped`
 
 
 def child(shape_name: str, steps: int, warm: bool) -> dict:
@@ -79,15 +82,19 @@ def child(shape_name: str, steps: int, warm: bool) -> dict:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=6, help="optimizer steps per run (>= 3: the steady median is of 3..N)")
+    p.add_argument("--shapes", nargs="+", choices=list(SHAPE_KEYS), default=list(SHAPE_KEYS), help="teams to run")
+    p.add_argument("--output", type=Path, default=_common.RESULTS / "first_step.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--no_warm_up", action="store_true", help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
+    if opts.steps < 3:
+        p.error(f"--steps must be >= 3 (the steady step is the median of steps 3..N), got {opts.steps}")
     if opts.child:
         _common.emit_result(child(opts.child, opts.steps, not opts.no_warm_up))
         return {}
     report = {"machine": _common.machine()}
-    for name in SHAPES:
+    for name in (SHAPE_KEYS[key] for key in opts.shapes):
         for warm in (False, True):
             flags = ["--child", name, "--steps", str(opts.steps)] + ([] if warm else ["--no_warm_up"])
             result = _common.run_child(__file__, flags)
@@ -97,7 +104,7 @@ def main(argv=None) -> dict:
                 f"{result['steady_s']:.3f} s, x{result['ratio']:.2f} (construction {result['construction_s']:.2f} s)",
                 flush=True,
             )
-    _common.write_json(_common.RESULTS / "first_step.json", report)
+    _common.write_json(opts.output, report)
     return report
 
 

@@ -17,14 +17,16 @@ interleaved, `--passes` times; each keeps its fastest pass (all passes are in th
 
     python benchmarks/sandbox.py                 # about 4 minutes; writes benchmarks/results/sandbox.json
     python benchmarks/sandbox.py --only aux      # about 1 minute; writes benchmarks/results/sandbox_aux.json
-    python benchmarks/sandbox.py --passes 1 --only canonical
+    python benchmarks/sandbox.py --passes 1 --workers 1 --only canonical --output /tmp/sandbox.json  # smoke run
+
+Needs bubblewrap and libseccomp (`trl_marl.tasks.sandbox.strong_sandbox_problem()` says what is missing) and the git
+history of the checkout (the baseline commit).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import re
 import subprocess
 import sys
@@ -32,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import RESULTS, ROOT
+from _common import RESULTS, ROOT, write_json
 
 BASELINE_COMMIT = "a203d5c"
 BASELINE_FILES = ("trl_marl/sandbox.py", "trl_marl/tasks/base.py", "trl_marl/tasks/code.py")
@@ -86,7 +88,16 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--only", nargs="*", choices=["hanging", "canonical", "aux"], default=["hanging", "canonical"])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="default: benchmarks/results/sandbox.json, or sandbox_<batches>.json without both hanging and canonical",
+    )
     args = parser.parse_args()
+    if args.output is None:
+        both = set(args.only) >= {"hanging", "canonical"}
+        args.output = RESULTS / ("sandbox.json" if both else f"sandbox_{'_'.join(args.only)}.json")
 
     from trl_marl.tasks.code import CodeEvaluator, load_humaneval
 
@@ -118,14 +129,8 @@ def main() -> None:
     for batch, rows in summary.items():
         for name, row in rows.items():
             print(f"{batch:9s} {name:38s} best {row['best_wall_s']:7.2f} s  x baseline {row['x_baseline']:.2f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / (
-        "sandbox.json" if set(args.only) >= {"hanging", "canonical"} else f"sandbox_{'_'.join(args.only)}.json"
-    )
-    out.write_text(
-        json.dumps({"workers": args.workers, "passes": args.passes, "summary": summary, "runs": runs}, indent=2)
-    )
-    print(f"wrote {out}")
+    write_json(args.output, {"workers": args.workers, "passes": args.passes, "summary": summary, "runs": runs})
+    print(f"wrote {args.output}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python benchmarks/throughput.py --vllm --models tiny --tokens 16 --steps 5
     python benchmarks/throughput.py --vllm --models tiny --tokens 16 --lora  # + shared-base LoRA team: 1 vs n engines
     python benchmarks/throughput.py --vllm --device cuda --dtype bfloat16 --models qwen0.5b   # benchmarks/gpu_check.sh
+    python benchmarks/vllm_throughput.py --backend hf --models tiny --tokens 4 --steps 1 --output /tmp/v.json  # one backend
 
 Every configuration (model shape x new tokens x backend) runs MAGRPO with 2 agents, 8 prompts per step, G=4, in its
 own process: `--warmup` untimed steps (vLLM's first `generate` call is slow), then `--steps` timed ones. Reported per
@@ -25,7 +26,16 @@ import statistics
 import time
 from pathlib import Path
 
-from _common import ROOT, emit_result, peak_rss_mb, run_child, set_offline_env, story_prompts, write_json
+from _common import (
+    RESULTS,
+    emit_result,
+    peak_rss_mb,
+    run_child,
+    scratch_dir,
+    set_offline_env,
+    story_prompts,
+    write_json,
+)
 
 SHAPES = {
     "tiny": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, intermediate_size=256),
@@ -66,7 +76,7 @@ def run_one(args) -> dict:
 
         peft_config = LoraConfig(r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     cfg = MAGRPOConfig(
-        output_dir=str(ROOT / "outputs" / "bench_vllm"),
+        output_dir=scratch_dir("vllm_throughput"),
         num_agents=2,
         num_generations=args.num_generations,
         max_completion_length=args.tokens[0],
@@ -192,7 +202,12 @@ def run_one(args) -> dict:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--backend", choices=["hf", "vllm", "vllm_lora", "vllm_merged"], default="hf")
+    p.add_argument(
+        "--backend",
+        choices=["hf", "vllm", "vllm_lora", "vllm_merged"],
+        default=None,
+        help="run this backend only (no ratios; `hf` needs no vLLM); default: hf and vllm side by side",
+    )
     p.add_argument(
         "--lora",
         action="store_true",
@@ -208,11 +223,13 @@ def main(argv=None) -> dict:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.05)
-    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "throughput_vllm.json"))
+    p.add_argument("--output", type=Path, default=RESULTS / "throughput_vllm.json")
     args = p.parse_args(argv)
     set_offline_env()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.child:
+        if args.backend is None:
+            p.error("--child needs --backend")
         import torch
 
         torch.set_num_threads(args.threads)
@@ -229,6 +246,16 @@ def main(argv=None) -> dict:
     rows = []
     for model in args.models:
         for tokens in args.tokens:
+            if args.backend:  # that backend alone: no ratios
+                extra = ["--backend", args.backend, "--models", model, "--tokens", str(tokens)]
+                alone = run_child(__file__, [*common, *extra])
+                rows.append({"model": model, "tokens": tokens, args.backend: alone})
+                print(
+                    f"{model:9s} {tokens:4d} tok | {args.backend}: generation {alone['generation_s']:.3f}s "
+                    f"step {alone['step_s']:.3f}s",
+                    flush=True,
+                )
+                continue
             pair = {}
             for backend in ("hf", "vllm"):
                 extra = ["--backend", backend, "--models", model, "--tokens", str(tokens)]
