@@ -69,6 +69,8 @@ CATEGORIES = (
         "attention kernel + KV-cache write", ("CPUAttentionBackendImpl.", "sdpa_attention_forward", "Cache.update (")
     ),
     Category("LoRA ops (per-token adapter gather + einsum)", ("vllm/lora/ops/", "vllm/lora/punica_wrapper/")),
+    # the base model's GEMM inside a LoRA layer
+    Category("model forward (linears, norms, MLP, rotary)", ("UnquantizedLinearMethod.apply (",)),
     Category("LoRA layers and adapter mapping", ("vllm/lora/", "lora_model_runner_mixin", "LoRAModelManager")),
     Category("lm head (logits)", ("compute_logits (",)),
     Category("sampling (RNG, softmax, logprobs)", ("vllm/v1/sample/", "LogitsProcessorList.__call__")),
