@@ -12,6 +12,11 @@ samples per step; generation CPU time, HF / vLLM):
 | CPU | hidden size >= 512, or `max_completion_length` >= 128 | vLLM | hidden 512: 1.36-1.45x; hidden 128 at 128 tokens: 1.13-1.14x |
 | CPU | smaller models with shorter completions | transformers | hidden 128 at 16 tokens: vLLM 0.83-0.85x (its per-token scheduling outweighs the tiny forward) |
 
+Why (a py-spy profile of each backend, `benchmarks/vllm_profile.py`, docs/vllm.md "Where the time goes"): vLLM's CPU
+engine adds ~3.5 ms of per-step bookkeeping (scheduler, input preparation, output processing) whatever the model, so
+it loses while the forward is small and wins once its faster forward (oneDNN GEMMs, paged attention) saves more; one
+multi-LoRA engine spends most of its time gathering every token's adapter weights in vLLM's CPU LoRA ops.
+
 The rule looks at the smallest agent of the team (every agent gets an engine). It only chooses between transformers'
 `generate` and colocated engines: server mode is chosen explicitly (`use_vllm=True, vllm_mode="server"`).
 """
