@@ -108,6 +108,7 @@ SMALLEST = {
 # Scripts CI's main venv cannot run, and why; the default suite checks that they compile and answer `--help`.
 NOT_RUN = {
     "comlrl_side_by_side.py": "needs CoMLRL 1.4.3 in its own venv (/work/comlrl-venv), which CI does not build",
+    "vllm_profile.py": "profiles vLLM's engines with py-spy: needs vLLM (the vLLM venv), absent from the main venv",
 }
 
 
