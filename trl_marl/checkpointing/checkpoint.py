@@ -430,11 +430,11 @@ def _save_optimizer_and_scheduler(trainer, folder: str, syncer: FolderSyncer) ->
     from transformers.utils import is_sagemaker_mp_enabled, is_torch_xla_available
 
     special = trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled or is_torch_xla_available()
-    if (
-        special
-        or is_sagemaker_mp_enabled()
-        or type(trainer)._save_optimizer_and_scheduler is not (Trainer._save_optimizer_and_scheduler)
-    ):
+    # overridden by a subclass or on the instance: theirs is used
+    overridden = getattr(trainer._save_optimizer_and_scheduler, "__func__", None) is not (
+        Trainer._save_optimizer_and_scheduler
+    )
+    if special or is_sagemaker_mp_enabled() or overridden:
         trainer._save_optimizer_and_scheduler(folder)
         return
     if not trainer.args.should_save:

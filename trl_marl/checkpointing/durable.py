@@ -61,6 +61,7 @@ class HashingWriter(io.RawIOBase):
         super().__init__()
         self.path = path
         self.record: FileRecord | None = None
+        self.error: OSError | None = None  # the write that failed (a full disk)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
         self._written = 0  # bytes in the file (published to the follower under `_more`)
         self._published = 0
@@ -74,6 +75,13 @@ class HashingWriter(io.RawIOBase):
         return True
 
     def write(self, data: Any) -> int:
+        try:
+            return self._write(data)
+        except OSError as exc:  # torch.save reports it as "unexpected pos": `FolderSyncer.torch_save` raises it
+            self.error = exc
+            raise
+
+    def _write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         size = view.nbytes
         while view.nbytes:
@@ -147,11 +155,16 @@ class FolderSyncer:
 
         crc32 = torch.serialization.get_crc32_options()
         torch.serialization.set_crc32_options(False)
+        writer = HashingWriter(path)
         try:
-            with HashingWriter(path) as writer:
+            with writer:
                 buffered = io.BufferedWriter(writer, buffer_size=_BUFFER_BYTES)  # torch's many small writes, joined
                 torch.save(obj, buffered)
                 buffered.flush()
+        except RuntimeError as exc:
+            if writer.error is not None:
+                raise writer.error from exc
+            raise
         finally:
             torch.serialization.set_crc32_options(crc32)
         self.futures[path] = self.pool.submit(_fsync_written, path, writer.record)
