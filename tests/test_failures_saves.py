@@ -172,6 +172,29 @@ def test_a_disk_full_during_a_checkpoint_keeps_the_previous_one_and_no_staging(t
     assert latest_complete_checkpoint(str(out)) == str(out / "checkpoint-1")
 
 
+def test_a_disk_full_while_the_optimizer_is_written_and_hashed_is_a_save_error(tmp_path, monkeypatch):
+    """The optimizer state goes through `HashingWriter` (hashed as written): a full disk there is the same
+    `SaveError`, and no staging folder is left."""
+    from trl_marl.checkpointing import durable
+    from trl_marl.checkpointing.checkpoint import latest_complete_checkpoint
+    from trl_marl.checkpointing.space import SaveError
+
+    trainer = _magrpo(tmp_path, max_steps=2, save_strategy="steps", save_steps=1)
+    real = durable.HashingWriter._write
+
+    def full_at_step_2(self, data):
+        if trainer.state.global_step == 2 and self.path.endswith("optimizer.pt"):
+            _disk_full()
+        return real(self, data)
+
+    monkeypatch.setattr(durable.HashingWriter, "_write", full_at_step_2)
+    with pytest.raises(SaveError, match=r"checkpoint-2: OSError: \[Errno 28\] No space left on device"):
+        trainer.train()
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1"]
+    assert latest_complete_checkpoint(str(out)) == str(out / "checkpoint-1")
+
+
 def test_a_disk_full_at_the_final_save_leaves_the_previous_team_loadable(tmp_path, monkeypatch):
     """On the old code the earlier team was cleared first, then agent_1 was written, agent_2 half-written, and no
     team.json: nothing loadable was left."""

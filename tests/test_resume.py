@@ -298,8 +298,8 @@ def test_checkpoint_fsync_skips_other_processes_temporary_files(tmp_path):
     process's safetensors temporary (`.tmpXXXXXX`, renamed to model.safetensors a moment later) or a file renamed
     away before it is listed must not fail the save. On the old code `finish()` raised FileNotFoundError (a slow
     2-process DDP checkpoint failed that way in CI, 1 run in about 10)."""
-    from trl_marl.checkpointing.checkpoint import _Syncer
     from trl_marl.checkpointing.checksums import file_digest
+    from trl_marl.checkpointing.durable import FolderSyncer
 
     agent = tmp_path / "agent_1"
     agent.mkdir()
@@ -307,7 +307,7 @@ def test_checkpoint_fsync_skips_other_processes_temporary_files(tmp_path):
     (agent / ".tmpQ9FE7S").write_bytes(b"half a safetensors file")  # another process's temporary
     renamed_later = agent / "config.json.partial"
     renamed_later.write_text("{}")
-    syncer = _Syncer(str(tmp_path))
+    syncer = FolderSyncer(str(tmp_path))
     syncer.submit_new()
     assert str(agent / ".tmpQ9FE7S") not in syncer.futures
     renamed_later.rename(agent / "config.json")  # the writer renames its file after this process walked
@@ -326,13 +326,13 @@ def test_checkpoint_files_are_hashed_while_fsynced_and_again_when_they_changed(t
     """The fsync worker hashes each file while its pages are in memory; a file that grew after that (another
     process's file still being written when the walk met it) is hashed again at the end: the marker holds the digest
     of its final bytes (a stale digest would make the checkpoint look corrupted when it is read)."""
-    from trl_marl.checkpointing.checkpoint import _Syncer
     from trl_marl.checkpointing.checksums import file_digest
+    from trl_marl.checkpointing.durable import FolderSyncer
 
     done, growing = tmp_path / "optimizer.pt", tmp_path / "rank_1.pt"
     done.write_bytes(b"complete")
     growing.write_bytes(b"first half")
-    syncer = _Syncer(str(tmp_path))
+    syncer = FolderSyncer(str(tmp_path))
     syncer.submit_new()
     assert syncer.futures[str(growing)].result()[0] == file_digest(str(growing))  # hashed by the fsync worker
     with open(growing, "ab") as f:

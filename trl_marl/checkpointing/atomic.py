@@ -13,7 +13,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterable
 
-from trl_marl.checkpointing.checkpoint import _fsync_dir  # the checkpoint folders' fsync, shared
+from trl_marl.checkpointing.durable import fsync_dir
 
 __all__ = ["STAGING_NAME", "write_entries_atomically"]
 
@@ -46,6 +46,6 @@ def write_entries_atomically(
         os.replace(os.path.join(folder, name), os.path.join(aside, name))
     for name in new:
         os.replace(os.path.join(staging, name), os.path.join(folder, name))
-    _fsync_dir(folder)
+    fsync_dir(folder)
     shutil.rmtree(aside, ignore_errors=True)
     shutil.rmtree(staging, ignore_errors=True)

@@ -17,7 +17,6 @@ checkpoint routine (counted over the process's lifetime); `set_write_hook(fn)` c
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -25,12 +24,13 @@ import pickle
 import re
 import shutil
 import signal
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from trl_marl.checkpointing.checksums import mismatched_files
+from trl_marl.checkpointing.durable import FolderSyncer, fsync_dir
 
 __all__ = [
     "COMPLETE_MARKER",
@@ -96,113 +96,20 @@ def staging_folder(final: str) -> str:
     return os.path.join(parent, STAGING_PREFIX + name)
 
 
-class _Syncer:
-    """fsyncs a checkpoint's files on a small thread pool while the rest of the checkpoint is still being written
-    (fsync releases the GIL, and concurrent fsyncs share the filesystem's journal commits): the disk flush of the
-    agents overlaps the serialization of the optimizer, instead of adding to it.
-
-    Every process walks the same staging folder while the others are still writing into it, so a walk can meet
-    another process's temporary file (safetensors writes `.tmpXXXXXX` beside its target, then renames it): names
-    starting or ending with `.tmp` are skipped, and a file gone by the time it is fsynced or listed (renamed or
-    removed by the process that wrote it, which fsyncs its own files) is left out instead of failing the save."""
-
-    def __init__(self, folder: str, workers: int = 8):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.folder = folder
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-fsync")
-        self.futures: dict[str, Any] = {}
-
-    def submit_new(self) -> None:
-        """Start fsyncing the files written since the last call (those already submitted are skipped)."""
-        for root, _dirs, names in os.walk(self.folder):
-            for name in names:
-                path = os.path.join(root, name)
-                if path not in self.futures and not (name.endswith(".tmp") or name.startswith(".tmp")):
-                    self.futures[path] = self.pool.submit(_fsync_file, path)
-
-    def finish(self) -> list[dict]:
-        """fsync everything (files, then folders); return the file list with sizes and SHA-256 digests.
-
-        Each file was hashed by the worker that fsynced it, while its pages were in memory (`_fsync_file`), so the
-        hashing overlaps the writing of the rest of the checkpoint. A file whose size or modification time changed
-        since it was hashed (another process's file still growing when the walk met it) is fsynced and hashed
-        again here, after every process has finished writing: the marker holds the digest of the final bytes."""
-        self.submit_new()
-        try:
-            done = {path: future.result() for path, future in self.futures.items()}
-            dirs = [root for root, _dirs, _names in os.walk(self.folder)]
-            for future in [self.pool.submit(_fsync_dir, d) for d in dirs]:
-                future.result()
-            files, again = [], []
-            for path, hashed in done.items():
-                if not os.path.isfile(path):  # another process's renamed temporary file
-                    continue
-                stat = os.stat(path)
-                if hashed is None or hashed[1:] != (stat.st_size, stat.st_mtime_ns):
-                    again.append(path)
-                else:
-                    files.append((path, hashed[0], hashed[1]))
-            for path, hashed in zip(again, self.pool.map(_fsync_file, again)):
-                if hashed is not None:
-                    files.append((path, hashed[0], hashed[1]))
-        finally:
-            self.pool.shutdown(wait=True)
-        entries = [{"path": os.path.relpath(p, self.folder), "size": size, "sha256": d} for p, d, size in files]
-        return sorted(entries, key=lambda f: f["path"])
-
-    def abandon(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _fsync_file(path: str) -> tuple[str, int, int] | None:
-    """fsync a file, then hash it while its pages are in memory: `(SHA-256, size, mtime_ns)`, size and time as they
-    were before the hashing began (`_Syncer.finish` hashes again a file that changed since); None when the file is
-    gone (renamed or removed by the process that wrote it, see `_Syncer`)."""
-    try:
-        with open(path, "rb") as f:
-            _fsync(f.fileno())
-            stat = os.fstat(f.fileno())
-            return _digest(f), stat.st_size, stat.st_mtime_ns
-    except FileNotFoundError:
-        return None
-
-
-def _fsync(fd: int) -> None:
-    os.fsync(fd)
-
-
-def _digest(f: Any) -> str:
-    return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        _fsync(fd)
-    except OSError:  # some filesystems refuse fsync on folders
-        pass
-    finally:
-        os.close(fd)
-
-
 def commit_checkpoint(
-    staging: str, final: str, step: int, syncer: _Syncer | None = None, identity: dict | None = None
+    staging: str, final: str, step: int, syncer: FolderSyncer | None = None, identity: dict | None = None
 ) -> None:
     """Make the checkpoint in `staging` visible as `final`: fsync its files, write the completion marker (every file
     with its size and SHA-256, and the writer's `identity`: trainer, algorithm, team), fsync, rename. A `final` left
     from an earlier run (same step) is moved aside and removed after the rename."""
-    files = (syncer or _Syncer(staging)).finish()
+    files = (syncer or FolderSyncer(staging)).finish()
     write_point("fsync")
     marker = os.path.join(staging, COMPLETE_MARKER)
     with open(marker, "w", encoding="utf-8") as f:
         json.dump({"global_step": step, "files": files, "identity": identity or {}}, f)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(staging)
+    fsync_dir(staging)
     write_point("marker")
     old = None
     if os.path.exists(final):
@@ -210,7 +117,7 @@ def commit_checkpoint(
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(staging, final)
-    _fsync_dir(os.path.dirname(os.path.abspath(final)))
+    fsync_dir(os.path.dirname(os.path.abspath(final)))
     write_point("rename")
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -467,7 +374,7 @@ def save_checkpoint_atomically(
     trainer.accelerator.wait_for_everyone()
     if trainer.hp_search_backend is None and trial is None:
         trainer.store_flos()
-    syncer = _Syncer(staging)
+    syncer = FolderSyncer(staging)
     try:
         if save_model is None:
             trainer.save_model(staging, _internal_call=True)
@@ -476,7 +383,7 @@ def save_checkpoint_atomically(
         write_point("model")
         syncer.submit_new()  # the agents go to disk while the optimizer is serialized
         if with_optimizer and not args.save_only_model:
-            trainer._save_optimizer_and_scheduler(staging)
+            _save_optimizer_and_scheduler(trainer, staging, syncer)
             trainer._save_scaler(staging)
             write_point("optimizer")
             syncer.submit_new()
@@ -513,6 +420,31 @@ def save_checkpoint_atomically(
     return final
 
 
+def _save_optimizer_and_scheduler(trainer, folder: str, syncer: FolderSyncer) -> None:
+    """`Trainer._save_optimizer_and_scheduler`. In its plain case (one process or DDP: no DeepSpeed, FSDP, XLA or
+    SageMaker, and a trainer that does not override it) the optimizer and scheduler states are written through
+    `syncer.torch_save` (hashed as written) instead of `torch.save` to a path (read back to be hashed)."""
+    from transformers import Trainer
+    from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+    from transformers.trainer_pt_utils import reissue_pt_warnings
+    from transformers.utils import is_sagemaker_mp_enabled, is_torch_xla_available
+
+    special = trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled or is_torch_xla_available()
+    # overridden by a subclass or on the instance: theirs is used
+    overridden = getattr(trainer._save_optimizer_and_scheduler, "__func__", None) is not (
+        Trainer._save_optimizer_and_scheduler
+    )
+    if special or is_sagemaker_mp_enabled() or overridden:
+        trainer._save_optimizer_and_scheduler(folder)
+        return
+    if not trainer.args.should_save:
+        return
+    syncer.torch_save(trainer.optimizer.state_dict(), os.path.join(folder, OPTIMIZER_NAME))
+    with warnings.catch_warnings(record=True) as caught:
+        syncer.torch_save(trainer.lr_scheduler.state_dict(), os.path.join(folder, SCHEDULER_NAME))
+    reissue_pt_warnings(caught)
+
+
 def _checkpoint_save_error(trainer, run_dir: str, final: str, exc: Exception, with_optimizer: bool) -> Exception:
     """A failed checkpoint write as a `SaveError` (path, bytes needed and free, the checkpoint left intact); errors
     that are not about writing (a bug in a trainer's extra state) pass through unchanged."""
@@ -530,7 +462,7 @@ def _checkpoint_save_error(trainer, run_dir: str, final: str, exc: Exception, wi
     return failed_save(final, exc, sizes, with_optimizer, intact + " Free some space, then resume.")
 
 
-def _save_rest(trainer, staging: str, final: str, syncer: _Syncer, identity: dict | None) -> None:
+def _save_rest(trainer, staging: str, final: str, syncer: FolderSyncer, identity: dict | None) -> None:
     """The resume state, the trainer's extra files and the trainer state; then commit."""
     from transformers.trainer_callback import ExportableState
 

@@ -3,8 +3,9 @@
 Checkpoints (their completion marker lists every file with its size and SHA-256), saved teams (`checksums.json`
 beside `team.json`) and round files (a digest of their records) carry the checksums of what was written, so a file
 whose bytes changed afterwards (a flipped bit, a partial copy, an edit) is named when it is loaded instead of
-training on it. Hashing reads the files back once, on a small thread pool (`hashlib` releases the GIL), after they are
-complete; on a machine with a few free cores it adds little to a save (`benchmarks/checkpoint_cost.py`).
+training on it. Saved teams are hashed by reading the files back once, on a small thread pool (`hashlib` releases the
+GIL), after they are complete; checkpoints hash the optimizer state while it is written
+(`trl_marl.checkpointing.durable`); the cost is measured by `benchmarks/checkpoint_cost.py`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,104 @@
+"""The SHA-256 a checkpoint's marker records for each file is the digest of the bytes on disk: for files hashed while
+they are written (`HashingWriter`, the optimizer and scheduler states), for files read back, and for files changed
+after they were hashed; a file whose bytes change after the checkpoint is committed is refused when it is resumed."""
+
+import hashlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trl_marl.checkpointing import durable
+from trl_marl.checkpointing.checkpoint import COMPLETE_MARKER, CheckpointError, resolve_resume_checkpoint
+from trl_marl.checkpointing.durable import FolderSyncer, HashingWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+import resume_run  # noqa: E402
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_hashing_writer_records_the_digest_of_the_bytes_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(durable, "_FOLLOW_BYTES", 1000)  # the follower wakes and reads many times
+    path = tmp_path / "f.bin"
+    pieces = [os.urandom(n) for n in (7, 3000, 1, 999, 12_345, 0, 64)]
+    with HashingWriter(str(path)) as writer:
+        for piece in pieces:
+            writer.write(memoryview(piece))
+        with pytest.raises(io.UnsupportedOperation):
+            writer.seek(0)  # front to back only: the digest is of the file's bytes in order
+    stat = path.stat()
+    assert path.read_bytes() == b"".join(pieces)
+    assert writer.record == (_sha256(path), stat.st_size, stat.st_mtime_ns)
+
+
+def test_a_file_changed_while_written_has_no_record_and_is_read_back(tmp_path):
+    path = tmp_path / "f.bin"
+    syncer = FolderSyncer(str(tmp_path))
+    with HashingWriter(str(path)) as writer:
+        writer.write(b"written through the writer")
+        with open(path, "ab") as other:  # not through the writer: its digest would not be the file's
+            other.write(b", and by someone else")
+    assert writer.record is None
+    syncer.futures[str(path)] = syncer.pool.submit(durable._fsync_written, str(path), writer.record)
+    [entry] = syncer.finish()
+    assert entry == {"path": "f.bin", "size": path.stat().st_size, "sha256": _sha256(path)}
+
+
+def test_torch_save_is_hashed_as_written_not_read_back(tmp_path, monkeypatch):
+    """A file written by `FolderSyncer.torch_save` gets its digest from the writer (the read-back is never used);
+    it loads with `torch.load` although its zip records carry no CRC-32."""
+    state = {"exp_avg": torch.randn(300_000), "step": torch.tensor(3.0)}
+    syncer = FolderSyncer(str(tmp_path))
+    syncer.torch_save(state, str(tmp_path / "optimizer.pt"))
+
+    def no_read_back(path):
+        raise AssertionError(f"{path} was read back")
+
+    monkeypatch.setattr(durable, "_fsync_file", no_read_back)
+    [entry] = syncer.finish()
+    path = tmp_path / "optimizer.pt"
+    assert entry == {"path": "optimizer.pt", "size": path.stat().st_size, "sha256": _sha256(path)}
+    loaded = torch.load(path, weights_only=True)
+    assert torch.equal(loaded["exp_avg"], state["exp_avg"]) and torch.serialization.get_crc32_options()
+
+
+def test_a_file_changed_after_it_was_hashed_as_written_is_hashed_again(tmp_path):
+    syncer = FolderSyncer(str(tmp_path))
+    path = tmp_path / "scheduler.pt"
+    syncer.torch_save({"lr": 1.0}, str(path))
+    syncer.futures[str(path)].result()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))  # same size, a later modification time
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    [entry] = syncer.finish()
+    assert entry["sha256"] == _sha256(path)
+
+
+def test_a_checkpoints_marker_holds_the_sha256_of_every_file_and_a_changed_byte_is_refused(tmp_path, tiny_path):
+    out = tmp_path / "run"
+    t = resume_run.build("magrpo", str(out), tiny_path)
+    t.args.max_steps = 1
+    t.train()
+    folder = out / "checkpoint-1"
+    files = json.loads((folder / COMPLETE_MARKER).read_text())["files"]
+    on_disk = sorted(
+        str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER
+    )
+    assert [f["path"] for f in files] == on_disk
+    assert all(f["sha256"] == _sha256(folder / f["path"]) for f in files)
+    assert resolve_resume_checkpoint(True, str(out)) == str(folder)
+    optimizer = folder / "optimizer.pt"
+    data = bytearray(optimizer.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside a tensor: torch.load itself would not notice
+    optimizer.write_bytes(bytes(data))
+    torch.load(optimizer, weights_only=True)
+    with pytest.raises(CheckpointError, match=r"damaged file\(s\): optimizer.pt \(its bytes changed"):
+        resolve_resume_checkpoint(True, str(out))
