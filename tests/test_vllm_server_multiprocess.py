@@ -8,6 +8,7 @@ what the server received equals the one each rank computes from its gathered age
 
 import hashlib
 import json
+import re
 import threading
 from collections import Counter
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 from test_vllm_server_engine import FakeServer, FakeTeam
 
-from trl_marl.generation.vllm_protocol import decode_weights
+from trl_marl.generation.vllm_protocol import RequestError, decode_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,6 +52,19 @@ class ChecksummingTeam(FakeTeam):
             answer = super().update_weights(agent, step, payload)
             self.pushes[-1].update(checksum=checksum(decode_weights(payload)), bytes=len(payload))
             return answer
+
+
+class RefusingTeam(ChecksummingTeam):
+    """Refuses every push from step `step` on (HTTP 400: the client does not retry)."""
+
+    def __init__(self, num_agents: int, step: int):
+        super().__init__(num_agents)
+        self.refuse_from = step
+
+    def update_weights(self, agent: int, step: int | None, payload: bytes) -> dict:
+        if step is not None and step >= self.refuse_from:
+            raise RequestError(f"refusing step {step}")
+        return super().update_weights(agent, step, payload)
 
 
 SCRIPT = """
@@ -105,6 +119,7 @@ info = dict(rank=trainer.accelerator.process_index, steps=trainer.state.global_s
             sync_seconds=engine.sync_seconds, generate_seconds=engine.generate_seconds)
 Path({out!r}).mkdir(parents=True, exist_ok=True)
 Path({out!r}, f"result-{{info['rank']}}.json").write_text(json.dumps(info))  # too long for one line of stdout
+trainer.accelerator.end_training()  # a gloo group left to the C++ static destructors can abort the exit
 """
 
 STEPS = 3
@@ -115,19 +130,14 @@ STEPS = 3
 def test_two_processes_sample_from_one_server_and_push_the_trained_weights(tiny_path, tmp_path, engine):
     if engine.startswith("zero3"):
         pytest.importorskip("deepspeed")
-    from conftest import accelerate_launch
+    from conftest import launch_failure
 
     server = FakeServer(ChecksummingTeam(2))
     try:
-        script = tmp_path / "run.py"
-        script.write_text(
-            SCRIPT.format(
-                tests=str(ROOT / "tests"), tiny=tiny_path, out=str(tmp_path / "out"), url=server.url, steps=STEPS
-            )
-        )
-        proc = accelerate_launch(ROOT / "accelerate_configs" / f"{engine}.yaml", script, timeout=300)
+        proc = launch(engine, tiny_path, tmp_path, server)
     finally:
         server.kill()
+    assert proc.returncode == 0, launch_failure(proc)
     results = [json.loads(path.read_text()) for path in sorted((tmp_path / "out").glob("result-*.json"))]
     assert [r["rank"] for r in results] == [0, 1], proc.stdout[-3000:]
     assert all(r["steps"] == STEPS and r["engine"] == "VLLMServerGeneration" for r in results)
@@ -152,8 +162,43 @@ def test_two_processes_sample_from_one_server_and_push_the_trained_weights(tiny_
     for push in team.pushes:
         assert push["names"] == names and push["kind"] == "full"
         assert push["checksum"] == sums[0][push["step"]][push["agent"]], push
+    # DDP: each rank pushes (they need not sample in step); ZeRO-3: the main rank alone, the other joining the gathers
+    pushers = 1 if engine.startswith("zero3") else 2
     by_step = Counter((p["agent"], p["step"]) for p in team.pushes)
-    assert by_step == {(a, s): 2 for a in (0, 1) for s in range(STEPS)}  # each rank pushed once per agent and step
+    assert by_step == {(a, s): pushers for a in (0, 1) for s in range(STEPS)}
+
+
+@pytest.mark.slow
+def test_under_zero3_a_refused_push_stops_both_ranks_at_the_step_boundary(tiny_path, tmp_path):
+    """The main rank alone pushes under ZeRO-3: when the server refuses the push after step 2, the other rank learns
+    of it (no rank waits for a push that never comes) and both stop with `VLLMServerError` at the step boundary."""
+    pytest.importorskip("deepspeed")
+    server = FakeServer(RefusingTeam(2, step=2))
+    try:
+        proc = launch("zero3_cpu", tiny_path, tmp_path, server)
+    finally:
+        server.kill()
+    assert proc.returncode != 0
+    errors = {rank: re.findall(rf"\[rank{rank}\]: \S*VLLMServerError: (.*)", proc.stderr) for rank in (0, 1)}
+    assert errors[0] and "refusing step 2" in errors[0][0], proc.stderr[-3000:]
+    assert errors[1] == [f"the main process's push failed: {errors[0][0]}"], proc.stderr[-3000:]
+    assert all(f"[rank{rank}]: trl_marl: the run stopped at step 2" in proc.stderr for rank in (0, 1))
+    assert [(p["agent"], p["step"]) for p in server.team.pushes] == [(a, s) for s in range(2) for a in (0, 1)]
+
+
+def launch(engine, tiny_path, tmp_path, server, timeout=300):
+    """`SCRIPT` under `accelerate launch` with the config `engine`, against `server`; the completed process."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    out = str(tmp_path / "out")
+    script.write_text(SCRIPT.format(tests=str(ROOT / "tests"), tiny=tiny_path, out=out, url=server.url, steps=STEPS))
+    config = ROOT / "accelerate_configs" / f"{engine}.yaml"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), str(script)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
 
 
 def _tiny_parameters(path):
