@@ -328,3 +328,35 @@ def test_a_server_that_never_comes_up_fails_the_construction_naming_it(make_args
             args=server_args(make_args, url, vllm_server_timeout=1.0),
             train_dataset=items,
         )
+
+
+class RecordingGathers:
+    """A `dist` that gathers nothing and records the parameters of each `gather_params` call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def gather_params(self, params):
+        self.calls.append([id(p) for p in params])
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("layout", ["per_agent", "multi_lora"])
+def test_gather_model_makes_the_gathers_of_a_push_and_sends_nothing(tiny_path, servers, layout):
+    """Under ZeRO-3 the main process pushes while the others only gather (`VLLMServerClient.gather_model`): each
+    gather is a collective, so both must gather the same parameters in the same order."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trl_marl.generation.vllm_client import VLLMServerClient
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    if layout == "multi_lora":
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))
+    server = servers(1, layout=layout)
+    pushed, gathered = RecordingGathers(), RecordingGathers()
+    with VLLMServerClient(server.url, timeout=5.0) as client:
+        client.push_model(0, model, step=0, dist=pushed)
+        assert len(server.team.pushes) == 1
+        client.gather_model(0, model, dist=gathered)
+    assert len(server.team.pushes) == 1 and gathered.calls == pushed.calls and pushed.calls

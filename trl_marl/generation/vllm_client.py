@@ -341,9 +341,22 @@ class VLLMServerClient:
             self.wait_until_ready()
         if self.info["layout"] == "multi_lora":
             return self.push_adapter(agent, *_adapter_of(model, dist, self._who(agent)), step=step)
-        shared = getattr(model, "shared", None)  # a shared-base team's AdapterAgent: merge its adapter only
-        source, adapter = (shared, model.adapter) if shared is not None else (model, None)
+        source, adapter = _merge_source(model)
         return self.push_weights(agent, iter_vllm_weights(source, dist, adapter), step=step)
+
+    def gather_model(self, agent: int, model: nn.Module, *, dist: Any) -> None:
+        """Take part in the gathers `push_model` makes for `model`, sending nothing: a ZeRO-3 / FSDP2 process whose
+        push another process sends (every process must join a gather)."""
+        from trl_marl.generation.vllm_backend import iter_vllm_weights
+
+        if self.info is None:
+            self.wait_until_ready()
+        if self.info["layout"] == "multi_lora":
+            _adapter_of(model, dist, self._who(agent))
+            return
+        source, adapter = _merge_source(model)
+        for _ in iter_vllm_weights(source, dist, adapter):
+            pass
 
     def _push(self, agent: int, payload: bytes, step: int | None) -> dict[str, Any]:
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
@@ -356,6 +369,13 @@ class VLLMServerClient:
         """Ask the server to stop (`POST /close`); no retry."""
         with contextlib.suppress(httpx.TransportError):
             self._http.post(self.base_url + "/close")
+
+
+def _merge_source(model: nn.Module) -> tuple[nn.Module, str | None]:
+    """(the model whose weights a full push walks, the adapter merged into them): a shared-base team's `AdapterAgent`
+    merges its own adapter only."""
+    shared = getattr(model, "shared", None)
+    return (shared, model.adapter) if shared is not None else (model, None)
 
 
 def _adapter_of(model: nn.Module, dist: Any, who: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -11,9 +11,10 @@ A server's layout (`GET /info`) decides what is pushed (`VLLMServerClient.push_m
 PEFT agent's adapter merged (`per_agent`), or only its LoRA adapter (`multi_lora`). Pushes are lazy, as colocated
 engines sync: before a sampling call, every agent is pushed when the trainer's `global_step` moved since the last
 push; otherwise one `GET /info` per server checks that it still holds what was pushed (same step, a version no older:
-a restarted server reports version 0) and pushes again where it does not. In a multi-process run every process pushes
-its (identical) weights, so no process waits on another; under ZeRO-3 / FSDP2 the decision is agreed first (the
-gather before a push is a collective).
+a restarted server reports version 0) and pushes again where it does not. In a multi-process run under DDP every
+process pushes its (identical) weights, so no process waits on another (the processes need not sample in step); under
+ZeRO-3 / FSDP2, where they do, the decision is agreed first, every process joins the gathers, and the main process
+alone sends each agent and broadcasts the server's answer or its failure: one push per agent and step.
 
 A server that does not answer: every request has the deadline `vllm_server_timeout` and is retried twice with
 exponential backoff (1 s, 2 s); then `VLLMServerError` (a `GenerationUnavailable`) names the server and the agent, and
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trl_marl.generation.vllm_client import VLLMServerClient
+from trl_marl.generation.vllm_client import VLLMServerClient, VLLMServerError
 from trl_marl.generation.vllm_sampling import SampledRow, VLLMSampling
 
 if TYPE_CHECKING:
@@ -177,10 +178,40 @@ class VLLMServerGeneration(VLLMSampling):
         t0 = time.perf_counter()
         for i, agent in enumerate(self.team.agents):
             if stale[i]:
-                answer = self._client(i).push_model(i, agent, step=step, dist=self._dist)
-                self._pushed[i] = (int(answer["version"]), step)
+                self._pushed[i] = (self._push(i, agent, step), step)
         self.sync_seconds += time.perf_counter() - t0
         self.num_syncs += 1
+
+    def _push(self, i: int, agent: Any, step: int) -> int:
+        """Push agent `i`; returns the version the server answered. Under ZeRO-3 / FSDP2 every process joins the
+        gathers and the main process alone sends; its answer (or its failure) is broadcast, so no process samples
+        before the weights landed, and all processes fail together."""
+        client = self._client(i)
+        if not self.collective:
+            return int(client.push_model(i, agent, step=step, dist=self._dist)["version"])
+        from accelerate.utils import broadcast_object_list
+
+        outcome: dict[str, Any] = {}
+        failure: Exception | None = None
+        if self.accelerator.is_main_process:
+            try:
+                outcome["version"] = int(client.push_model(i, agent, step=step, dist=self._dist)["version"])
+            except Exception as exc:  # the others learn of it below; this process raises the original
+                failure = exc
+                outcome.update(
+                    error=str(exc), server=isinstance(exc, VLLMServerError), status=getattr(exc, "status", None)
+                )
+        else:
+            client.gather_model(i, agent, dist=self._dist)
+        outcome = broadcast_object_list([outcome], from_process=0)[0]
+        if failure is not None:
+            raise failure
+        if "error" in outcome:
+            message = f"the main process's push failed: {outcome['error']}"
+            if outcome["server"]:
+                raise VLLMServerError(message, url=client.base_url, agent=i, status=outcome["status"])
+            raise RuntimeError(message)
+        return outcome["version"]
 
     # ------------------------------------------------------------------ generation
     def _sample(
