@@ -326,22 +326,20 @@ with memory.freed_tensors_reused():
     faults()
     heap = faults()
 after_exit = rss_mb()
-held = [torch.ones(1 << 20) for _ in range(16)]  # after: freed tensors leave the RSS again
-del held
-after_free = rss_mb()
-print(json.dumps({"mapped": mapped, "heap": heap, "before": before, "after_exit": after_exit, "after_free": after_free}))
+print(json.dumps({"mapped": mapped, "heap": heap, "before": before, "after_exit": after_exit}))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt / malloc_trim")
 def test_the_rollouts_tensors_reuse_the_heap_and_give_it_back():
     """`freed_tensors_reused` (around a one-process CPU rollout): 4 MiB tensors allocated and freed in turn reuse
-    heap pages (no new page faults; mapped, each faults its 1,024 pages again), the heap's freed pages leave the RSS
-    on exit, and freed tensors leave it after too. In a subprocess: the allocator settings are process-wide."""
+    heap pages (no new page faults; mapped, each faults its 1,024 pages again) and the heap's freed pages leave the
+    RSS on exit. In a subprocess: the allocator settings are process-wide. (After the exit, a heap block left free can
+    still serve an allocation above the threshold, so what a later tensor's free returns depends on the heap's layout:
+    not asserted; the step's peak RSS is measured by benchmarks/comlrl_side_by_side.py.)"""
     proc = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["mapped"] >= 8 * 1000, r  # mapped: every page faulted in again
     assert r["heap"] < r["mapped"] / 10, r
     assert r["after_exit"] < r["before"] + 16, r  # the 64 MiB held inside were trimmed
-    assert r["after_free"] < r["before"] + 16, r
