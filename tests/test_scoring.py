@@ -127,7 +127,7 @@ def test_sharded_agents_are_one_forward_each_whatever_the_budget(model, monkeypa
     batch = grouped_batch(G=4)
     monkeypatch.setattr(scoring, "budget_bytes", lambda m: 1)  # nothing fits: unsharded, every row is a chunk
     assert chunk_plan([model, model], [batch, batch]) == [(1, False), (1, True)]
-    monkeypatch.setattr(scoring, "_sharded", lambda m: True)
+    monkeypatch.setattr(scoring, "is_sharded", lambda m: True)
     assert chunk_plan([model, model], [batch, batch]) == [(12, True), (12, True)]
     assert chunk_plan([model, model], [None, batch], rows=2) == [None, (12, True)]
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -150,7 +151,9 @@ _TRIM_THRESHOLD = 128 << 10  # glibc's default: free memory above this at the he
 _threshold: int | None = None  # what `return_freed_tensors_to_os` set in this process (None: nothing)
 
 
+@functools.cache
 def _libc() -> Any:
+    """glibc, loaded once (`find_library` runs `ldconfig`: not on every rollout)."""
     import ctypes
     import ctypes.util
 

@@ -10,7 +10,8 @@ tokens run per row, attending to the repeated cache. The log-probs are those of 
 activations shrink by the group size (with G=4, 23 prompt and 16 completion tokens: 44% fewer tokens per forward).
 Not used under activation checkpointing (transformers turns the cache off there), when a caller needs the hidden
 states (value heads), with a cache other than transformers' dynamic one, or on a ZeRO-3 / FSDP2-sharded model (one
-forward per step keeps the engine's parameter fetching in its recorded order).
+forward per step keeps the engine's parameter fetching in its recorded order: a second one made a rank hold all
+115,008 elements of an agent while training, and its peak rise 34%).
 
 **Chunks.** Without a limit one agent's whole batch is one forward, and its graph is kept until the backward: every
 agent's graph at once, the peak of a step. `score_completions` cuts the rows into chunks of `rows` rows
@@ -34,6 +35,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trl_marl.algorithms.logprobs import token_logprobs
 from trl_marl.data_types.batches import AgentBatch
+from trl_marl.distributed.collective import is_sharded
 
 __all__ = [
     "MIN_BUDGET_BYTES",
@@ -85,14 +87,6 @@ def _activation_checkpointing(model: nn.Module) -> bool:
     return bool(value) and model.training
 
 
-def _sharded(model: nn.Module) -> bool:
-    """Parameters partitioned by DeepSpeed ZeRO-3 (`ds_id`) or FSDP2 (DTensors): a second forward of the same step
-    would break ZeRO-3's recorded fetch order, which then keeps the whole model gathered (measured: a rank held all
-    115,008 elements of an agent while training, and its peak rose 34%)."""
-    first = next(iter(model.parameters()), None)
-    return first is not None and (hasattr(first, "ds_id") or type(first).__name__ == "DTensor")
-
-
 def completion_logits(model: nn.Module, batch: AgentBatch) -> torch.Tensor:
     """`(B, C, V)` logits predicting each completion token (position t of a row predicts its completion token t), from
     one forward over `[prompt | completion]`, or with each group's prompt run once (module docstring). `batch` must be
@@ -102,7 +96,7 @@ def completion_logits(model: nn.Module, batch: AgentBatch) -> torch.Tensor:
     P = batch.input_ids.shape[1] - C
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     counts = prompt_groups(batch)
-    if len(counts) < batch.input_ids.shape[0] and not _activation_checkpointing(model) and not _sharded(model):
+    if len(counts) < batch.input_ids.shape[0] and not _activation_checkpointing(model) and not is_sharded(model):
         first = torch.cumsum(counts, 0) - counts
         prompt = model(
             input_ids=batch.input_ids[first, :P],
@@ -195,7 +189,7 @@ def chunk_plan(
     `logprob_batch_size` there (`trl_marl.trainers.arguments.check_sharded_scoring`)."""
     scored = [i for i, b in enumerate(batches) if b is not None]
     whole = [None if b is None else (b.input_ids.shape[0], True) for b in batches]
-    if any(_sharded(models[i]) for i in scored):
+    if any(is_sharded(models[i]) for i in scored):
         return whole
     plan: list[tuple[int, bool] | None] = [None] * len(batches)
     if rows is None:

@@ -24,7 +24,7 @@ import functools
 import gc
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -347,40 +347,39 @@ def reward_dataset(pairs: Sequence, rm: JointRewardModel):
 
 
 @contextlib.contextmanager
+def _messages_dropped(logger: str, drop: Callable[[str], bool]):
+    """Drop the records of `logger` whose message `drop` matches, for the block. A filter, not a logger level:
+    transformers runs extra checks (and warns) when its logger's level is raised."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not drop(record.getMessage())
+
+    target = logging.getLogger(logger)
+    target.addFilter(keep)
+    try:
+        yield
+    finally:
+        target.removeFilter(keep)
+
+
 def _head_load_report_silenced():
     """transformers logs a LOAD REPORT table for the weights a checkpoint lacks; a backbone loaded under a NEW scalar
     head always lacks the head (`score.weight`), which is initialised here by design: that known-harmless report is
     silenced for the load (`from_pretrained` reports a missing backbone weight itself)."""
-
-    def not_the_load_report(record: logging.LogRecord) -> bool:
-        return "LOAD REPORT" not in record.getMessage()
-
-    # a filter, not a logger level: transformers runs extra checks (and warns) when its logger's level is raised
-    report = logging.getLogger("transformers.modeling_utils")
-    report.addFilter(not_the_load_report)
-    try:
-        yield
-    finally:
-        report.removeFilter(not_the_load_report)
+    return _messages_dropped("transformers.modeling_utils", lambda message: "LOAD REPORT" in message)
 
 
-@contextlib.contextmanager
 def _one_process_group_note_silenced():
     """transformers warns that "torch.distributed process group is initialized, but parallel_mode !=
     ParallelMode.DISTRIBUTED" when a one-process run builds its `RewardConfig` after a colocated vLLM engine started
     its own one-process group (MARLHF with `use_vllm`): the stage trains in this one process as it should, so that
     known-harmless note is dropped while a world of one holds the group; any other message passes."""
 
-    def not_the_note(record: logging.LogRecord) -> bool:
+    def the_note(message: str) -> bool:
         one_process = torch.distributed.is_initialized() and torch.distributed.get_world_size() == 1
-        return not (one_process and "process group is initialized, but parallel_mode" in record.getMessage())
+        return one_process and "process group is initialized, but parallel_mode" in message
 
-    note = logging.getLogger("transformers.training_args")
-    note.addFilter(not_the_note)
-    try:
-        yield
-    finally:
-        note.removeFilter(not_the_note)
+    return _messages_dropped("transformers.training_args", the_note)
 
 
 @contextlib.contextmanager
