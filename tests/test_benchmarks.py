@@ -184,3 +184,26 @@ def test_every_benchmark_runs_at_its_smallest_settings_into_a_temp_dir(tmp_path,
     assert (ROOT / "outputs").exists() == outputs_existed
     if skipped:
         pytest.skip(f"not run on this machine: {skipped}")
+
+
+@pytest.mark.parametrize(
+    "script, flags, message",
+    [
+        (
+            "first_step.py",
+            ["--steps", "2"],
+            "--steps must be >= 3 (the steady step is the median of steps 3..N), got 2",
+        ),
+        ("engines.py", ["--configs", "zero9"], "argument --configs: invalid choice: 'zero9'"),
+    ],
+)
+def test_benchmark_arguments_are_refused_before_any_run(script, flags, message, tmp_path):
+    """A smoke setting the median cannot use, an engine config that does not exist: argparse's error, exit 2."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *flags, "--output", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "r.json").exists()
