@@ -121,3 +121,33 @@ def test_generate_with_no_prompts_returns_empty_outputs(make_args, tiny_path):
     assert not t.collective_generation
     outs = t.generate([["hello"], []], 2)
     assert len(outs[0].texts) == 2 and outs[1].texts == [] and outs[1].completion_ids == []
+
+
+EXIT_SCRIPT = """
+import atexit, sys, tempfile
+import torch.distributed as dist
+from trl_marl.distributed.collective import destroy_process_group_at_exit
+
+# registered first, so it runs last: what the interpreter's teardown would find
+atexit.register(lambda: print("initialized at teardown:", dist.is_initialized(), flush=True))
+store = dist.FileStore(tempfile.mktemp(), 1)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+if sys.argv[1] == "hook":
+    destroy_process_group_at_exit()
+    destroy_process_group_at_exit()  # registered once
+"""
+
+
+@pytest.mark.parametrize("hook", [True, False])
+def test_the_process_group_is_destroyed_before_the_interpreter_tears_down(tmp_path, hook):
+    """A gloo group left to the C++ static destructors can abort a finished run's exit (SIGABRT, "terminate called
+    without an active exception": CI's 2-process DDP run, once); after `train()` the group is destroyed at exit,
+    while the interpreter is whole. Without the hook the group is still there at teardown (the control)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), "hook" if hook else "none"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines() == [f"initialized at teardown: {not hook}"]

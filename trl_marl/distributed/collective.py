@@ -13,12 +13,14 @@ The number of batches and turns is agreed with one small all-reduce (`max_over_p
 
 from __future__ import annotations
 
+import atexit
+import functools
 from collections.abc import Sequence
 from typing import TypeVar
 
 import torch
 
-__all__ = ["is_sharded", "max_over_processes", "any_over_processes", "even_chunks"]
+__all__ = ["is_sharded", "max_over_processes", "any_over_processes", "even_chunks", "destroy_process_group_at_exit"]
 
 T = TypeVar("T")
 
@@ -67,3 +69,23 @@ def even_chunks(rows: Sequence[T], size: int, synced: bool = True) -> list[list[
     if synced:
         chunks += [[] for _ in range(max_over_processes(len(chunks)) - len(chunks))]
     return chunks
+
+
+@functools.cache
+def destroy_process_group_at_exit() -> None:
+    """Have the process group destroyed when the interpreter exits normally (registered once; a no-op where the
+    script destroyed it itself, as `Accelerator.end_training` does).
+
+    A gloo group left to the C++ static destructors can abort the exit ("terminate called without an active
+    exception", SIGABRT, after training finished): its worker threads still hold work objects whose tensors need
+    the interpreter, which is being torn down. `atexit` runs while the interpreter is whole. The trainers register
+    this after a successful `train()` only: after an error a process's peers may still be inside a collective,
+    where destroying a NCCL group can block (torchtitan destroys on success only, for the same reason)."""
+    atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

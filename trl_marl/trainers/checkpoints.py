@@ -35,6 +35,7 @@ from trl_marl.checkpointing.checkpoint import (
 from trl_marl.checkpointing.checksums import CHECKSUM_FILE, write_folder_checksums
 from trl_marl.checkpointing.space import SaveError, check_output_dir, failed_save, is_write_failure, save_sizes
 from trl_marl.checkpointing.state_files import CorruptedStateError
+from trl_marl.distributed.collective import destroy_process_group_at_exit
 from trl_marl.generation.engine import GenerationUnavailable
 from trl_marl.hub import (
     CARD_FILE,
@@ -371,6 +372,7 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
                 out = trainer._after_training(out)
         if not handler.nested:
             stop_if_preempted(trainer, "after training")
+    destroy_process_group_at_exit()
     return out
 
 
