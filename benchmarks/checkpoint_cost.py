@@ -6,7 +6,7 @@ plain transformers `Trainer._save_checkpoint` the trainers used before, in the s
 Two teams of 2 agents (MAGRPO, one optimizer step taken so the optimizer has state): the tiny reference model, and a
 model-shaped one (hidden 512, intermediate 1376, 8 layers, 8 heads). Each repeat times one checkpoint of each kind
 (rotating which goes first): plain, crash-safe, crash-safe with fsync made a no-op (the cost of durability itself)
-and crash-safe with the marker's SHA-256 made a constant (the cost of the checksums); the figure is the median.
+and crash-safe with the marker's digest made a constant (the cost of the checksums); the figure is the median.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _trainer(shape: dict, out: str):
 
 
 class _NoHash:
-    """A digest that costs nothing: the crash-safe routine without the marker's SHA-256."""
+    """A digest that costs nothing: the crash-safe routine without the marker's digest."""
 
     def update(self, data) -> None:
         pass
@@ -103,7 +103,7 @@ def measure(shape: dict, repeats: int) -> dict:
             ("plain", plain),
             ("atomic", atomic),
             ("atomic_no_fsync", without("_fsync", lambda fd: None)),  # the durability itself
-            ("atomic_no_hash", without("_hasher", _NoHash)),  # the marker's SHA-256 of every file
+            ("atomic_no_hash", without("_hasher", _NoHash)),  # the marker's digest of every file
         ]
         times = {name: [] for name, _ in variants}
         step = 100

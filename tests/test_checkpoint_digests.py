@@ -1,4 +1,4 @@
-"""The SHA-256 a checkpoint's marker records for each file is the digest of the bytes on disk: for files hashed while
+"""The digest (XXH3-128) a checkpoint's marker records for each file is the digest of the bytes on disk: for files hashed while
 they are written (`HashingWriter`, the optimizer and scheduler states), for files read back, and for files changed
 after they were hashed; a file whose bytes change after the checkpoint is committed is refused when it is resumed."""
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from trl_marl.checkpointing import durable
 from trl_marl.checkpointing.checkpoint import COMPLETE_MARKER, CheckpointError, resolve_resume_checkpoint
@@ -18,6 +19,10 @@ from trl_marl.checkpointing.durable import FolderSyncer, HashingWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
 import resume_run  # noqa: E402
+
+
+def _xxh3(path) -> str:  # the reference: xxhash itself on the file's bytes
+    return xxhash.xxh3_128(Path(path).read_bytes()).hexdigest()
 
 
 def _sha256(path) -> str:
@@ -35,7 +40,7 @@ def test_hashing_writer_records_the_digest_of_the_bytes_on_disk(tmp_path, monkey
             writer.seek(0)  # front to back only: the digest is of the file's bytes in order
     stat = path.stat()
     assert path.read_bytes() == b"".join(pieces)
-    assert writer.record == (_sha256(path), stat.st_size, stat.st_mtime_ns)
+    assert writer.record == (_xxh3(path), stat.st_size, stat.st_mtime_ns)
 
 
 def test_a_file_changed_while_written_has_no_record_and_is_read_back(tmp_path):
@@ -48,7 +53,7 @@ def test_a_file_changed_while_written_has_no_record_and_is_read_back(tmp_path):
     assert writer.record is None
     syncer.futures[str(path)] = syncer.pool.submit(durable._fsync_written, str(path), writer.record)
     [entry] = syncer.finish()
-    assert entry == {"path": "f.bin", "size": path.stat().st_size, "sha256": _sha256(path)}
+    assert entry == {"path": "f.bin", "size": path.stat().st_size, "xxh3_128": _xxh3(path)}
 
 
 def test_torch_save_is_hashed_as_written_not_read_back(tmp_path, monkeypatch):
@@ -64,7 +69,7 @@ def test_torch_save_is_hashed_as_written_not_read_back(tmp_path, monkeypatch):
     monkeypatch.setattr(durable, "_fsync_file", no_read_back)
     [entry] = syncer.finish()
     path = tmp_path / "optimizer.pt"
-    assert entry == {"path": "optimizer.pt", "size": path.stat().st_size, "sha256": _sha256(path)}
+    assert entry == {"path": "optimizer.pt", "size": path.stat().st_size, "xxh3_128": _xxh3(path)}
     loaded = torch.load(path, weights_only=True)
     assert torch.equal(loaded["exp_avg"], state["exp_avg"]) and torch.serialization.get_crc32_options()
 
@@ -79,10 +84,10 @@ def test_a_file_changed_after_it_was_hashed_as_written_is_hashed_again(tmp_path)
     path.write_bytes(bytes(data))  # same size, a later modification time
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     [entry] = syncer.finish()
-    assert entry["sha256"] == _sha256(path)
+    assert entry["xxh3_128"] == _xxh3(path)
 
 
-def test_a_checkpoints_marker_holds_the_sha256_of_every_file_and_a_changed_byte_is_refused(tmp_path, tiny_path):
+def test_a_checkpoints_marker_holds_the_digest_of_every_file_and_a_changed_byte_is_refused(tmp_path, tiny_path):
     out = tmp_path / "run"
     t = resume_run.build("magrpo", str(out), tiny_path)
     t.args.max_steps = 1
@@ -93,7 +98,7 @@ def test_a_checkpoints_marker_holds_the_sha256_of_every_file_and_a_changed_byte_
         str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER
     )
     assert [f["path"] for f in files] == on_disk
-    assert all(f["sha256"] == _sha256(folder / f["path"]) for f in files)
+    assert all(f["xxh3_128"] == _xxh3(folder / f["path"]) and "sha256" not in f for f in files)
     assert resolve_resume_checkpoint(True, str(out)) == str(folder)
     optimizer = folder / "optimizer.pt"
     data = bytearray(optimizer.read_bytes())
@@ -102,3 +107,27 @@ def test_a_checkpoints_marker_holds_the_sha256_of_every_file_and_a_changed_byte_
     torch.load(optimizer, weights_only=True)
     with pytest.raises(CheckpointError, match=r"damaged file\(s\): optimizer.pt \(its bytes changed"):
         resolve_resume_checkpoint(True, str(out))
+
+
+def test_a_checkpoint_of_an_earlier_version_is_checked_with_its_sha256(tmp_path, tiny_path):
+    """Markers and `checksums.json` written before XXH3-128 recorded SHA-256 under "sha256": such a checkpoint
+    resumes, and a changed byte is still refused, named with the digest it was checked with."""
+    from trl_marl.checkpointing.checksums import mismatched_files
+
+    out = tmp_path / "run"
+    t = resume_run.build("magrpo", str(out), tiny_path)
+    t.args.max_steps = 1
+    t.train()
+    folder = out / "checkpoint-1"
+    marker = json.loads((folder / COMPLETE_MARKER).read_text())
+    for f in marker["files"]:  # the earlier format
+        del f["xxh3_128"]
+        f["sha256"] = _sha256(folder / f["path"])
+    (folder / COMPLETE_MARKER).write_text(json.dumps(marker))
+    assert resolve_resume_checkpoint(True, str(out)) == str(folder)
+    state = folder / "trainer_state.json"
+    state.write_text(state.read_text().replace('"global_step": 1', '"global_step": 7'))  # same size, other bytes
+    with pytest.raises(CheckpointError, match=r"trainer_state.json \(its bytes changed after it was written: SHA-256"):
+        resolve_resume_checkpoint(True, str(out))
+    # an entry without any digest (written before checksums) is checked by its size only
+    assert mismatched_files(str(folder), [{"path": "trainer_state.json", "size": state.stat().st_size}]) == []

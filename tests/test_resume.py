@@ -287,7 +287,7 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, tiny_path)
     marker = json.loads((out / "checkpoint-1" / COMPLETE_MARKER).read_text())
     for f in marker["files"]:  # keep the checkpoint "complete" and intact after the edit
         f["size"] = (out / "checkpoint-1" / f["path"]).stat().st_size
-        f["sha256"] = file_digest(str(out / "checkpoint-1" / f["path"]))
+        f["xxh3_128"] = file_digest(str(out / "checkpoint-1" / f["path"]))
     (out / "checkpoint-1" / COMPLETE_MARKER).write_text(json.dumps(marker))
     with pytest.raises(CheckpointError, match="written by 2 process.*this run has 1.*resume with 2"):
         resume_run.build("magrpo", str(out), tiny_path).train(resume_from_checkpoint=True)
@@ -319,7 +319,7 @@ def test_checkpoint_fsync_skips_other_processes_temporary_files(tmp_path):
         {"path": "rng_state_1.pth", "size": 6},
     ]
     # each digest is of the file as it is after every writer finished (the renamed temporary's final bytes)
-    assert all(f["sha256"] == file_digest(str(tmp_path / f["path"])) for f in files)
+    assert all(f["xxh3_128"] == file_digest(str(tmp_path / f["path"])) for f in files)
 
 
 def test_checkpoint_files_are_hashed_while_fsynced_and_again_when_they_changed(tmp_path):
@@ -339,4 +339,4 @@ def test_checkpoint_files_are_hashed_while_fsynced_and_again_when_they_changed(t
         f.write(b", second half")
     files = syncer.finish()
     assert [(f["path"], f["size"]) for f in files] == [("optimizer.pt", 8), ("rank_1.pt", 23)]
-    assert all(f["sha256"] == file_digest(str(tmp_path / f["path"])) for f in files)
+    assert all(f["xxh3_128"] == file_digest(str(tmp_path / f["path"])) for f in files)

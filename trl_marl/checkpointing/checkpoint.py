@@ -100,7 +100,7 @@ def commit_checkpoint(
     staging: str, final: str, step: int, syncer: FolderSyncer | None = None, identity: dict | None = None
 ) -> None:
     """Make the checkpoint in `staging` visible as `final`: fsync its files, write the completion marker (every file
-    with its size and SHA-256, and the writer's `identity`: trainer, algorithm, team), fsync, rename. A `final` left
+    with its size and digest, and the writer's `identity`: trainer, algorithm, team), fsync, rename. A `final` left
     from an earlier run (same step) is moved aside and removed after the rename."""
     files = (syncer or FolderSyncer(staging)).finish()
     write_point("fsync")
@@ -192,8 +192,8 @@ def checkpoint_identity(folder: str) -> dict:
 
 
 def damaged_files(folder: str) -> list[str]:
-    """The files of the complete checkpoint `folder` whose bytes differ from what its marker recorded (SHA-256; a
-    checkpoint of an earlier version, without digests, is checked by size)."""
+    """The files of the complete checkpoint `folder` whose bytes differ from what its marker recorded (XXH3-128,
+    or SHA-256 in a checkpoint of an earlier version; one without digests is checked by size)."""
     with open(os.path.join(folder, COMPLETE_MARKER), encoding="utf-8") as f:
         return mismatched_files(folder, json.load(f)["files"])
 
@@ -223,7 +223,7 @@ def resolve_resume_checkpoint(
 ) -> str | None:
     """The checkpoint folder to resume from: `True` means the latest complete one in `output_dir` (an error when
     there is none); a path must be a complete checkpoint (an error naming it and the latest complete one if not).
-    The chosen checkpoint's files are checked against their recorded SHA-256 (an error naming every damaged file and
+    The chosen checkpoint's files are checked against their recorded digests (an error naming every damaged file and
     the intact checkpoint to resume from instead), and against `identity` (the resuming trainer, algorithm and team:
     a checkpoint of another trainer or team is refused as such, never called damaged)."""
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
@@ -355,7 +355,7 @@ def save_checkpoint_atomically(
     Reuses the Trainer's own pieces (`save_model`, `_save_optimizer_and_scheduler`, `_save_scaler`,
     `_save_rng_state`, `TrainerState.save_to_json`, `rotate_checkpoints`) in the same order, into the staging folder;
     adds each process's resume state (`trainer._resume_state()`) and the trainer's `_save_checkpoint_extra(folder)`;
-    commits (fsync, marker with every file's SHA-256 and the writer's `identity`, rename); only then pushes and
+    commits (fsync, marker with every file's digest and the writer's `identity`, rename); only then pushes and
     rotates. Returns the final folder.
 
     `with_optimizer=False` leaves the optimizer and scheduler out (a checkpoint written before the first optimizer

@@ -1,4 +1,4 @@
-"""A checkpoint's files made durable and listed with their SHA-256: fsync on a small thread pool while the rest of the
+"""A checkpoint's files made durable and listed with their digest (XXH3-128, `checksums.DIGEST`): fsync on a small thread pool while the rest of the
 checkpoint is still being written, and the digest of every file, for the completion marker.
 
 Two ways a file gets its digest:
@@ -19,14 +19,16 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from trl_marl.checkpointing.checksums import DIGEST, new_hasher
+
 __all__ = ["FileRecord", "FolderSyncer", "HashingWriter", "fsync_dir"]
 
-# (SHA-256 hex, size, mtime_ns): a file's digest and its size and modification time when it was taken
+# (digest hex, size, mtime_ns): a file's digest and its size and modification time when it was taken
 FileRecord = tuple[str, int, int]
 
 _BUFFER_BYTES = 256 << 10  # `torch_save` joins writes smaller than this (zip headers, the pickle), larger ones pass
 _FOLLOW_BYTES = 4 << 20  # the hashing thread of a `HashingWriter` is woken (and reads) in chunks of 4 MiB
-_hasher: Callable[[], Any] = hashlib.sha256  # the checkpoints' digest (`benchmarks/checkpoint_cost.py` replaces it)
+_hasher: Callable[[], Any] = new_hasher  # the checkpoints' digest (`benchmarks/checkpoint_cost.py` replaces it)
 
 
 def _fsync(fd: int) -> None:
@@ -48,7 +50,7 @@ def fsync_dir(folder: str) -> None:
 
 
 class HashingWriter(io.RawIOBase):
-    """A new file, written front to back only, hashed (SHA-256) while it is being written.
+    """A new file, written front to back only, hashed (XXH3-128) while it is being written.
 
     A helper thread follows the writer: it reads back from the page cache and hashes the bytes already written, while
     the next ones are written (the writer never waits for it, and `hashlib` releases the GIL), so the digest is ready
@@ -150,7 +152,7 @@ class FolderSyncer:
     def torch_save(self, obj: object, path: str) -> None:
         """`torch.save(obj, path)` through a `HashingWriter`: its digest is known when it is written (no read-back),
         and its fsync is under way. The zip CRC-32 of each record is not computed: `torch.load` never checks it,
-        and the marker's SHA-256 covers every byte of the file (checked before a checkpoint is resumed)."""
+        and the marker's digest covers every byte of the file (checked before a checkpoint is resumed)."""
         import torch
 
         crc32 = torch.serialization.get_crc32_options()
@@ -178,7 +180,7 @@ class FolderSyncer:
                     self.futures[path] = self.pool.submit(_fsync_file, path)
 
     def finish(self) -> list[dict]:
-        """fsync everything (files, then folders); return the file list with sizes and SHA-256 digests.
+        """fsync everything (files, then folders); return the file list with sizes and digests.
 
         Each file was hashed as it was written (`torch_save`) or by the worker that fsynced it, while its pages
         were in memory (`_fsync_file`), so the hashing overlaps the writing of the rest of the checkpoint. A file
@@ -205,7 +207,7 @@ class FolderSyncer:
                     files.append((path, hashed[0], hashed[1]))
         finally:
             self.pool.shutdown(wait=True)
-        entries = [{"path": os.path.relpath(p, self.folder), "size": size, "sha256": d} for p, d, size in files]
+        entries = [{"path": os.path.relpath(p, self.folder), "size": size, DIGEST: d} for p, d, size in files]
         return sorted(entries, key=lambda f: f["path"])
 
     def abandon(self) -> None:
@@ -213,7 +215,7 @@ class FolderSyncer:
 
 
 def _fsync_file(path: str) -> FileRecord | None:
-    """fsync a file, then hash it while its pages are in memory: `(SHA-256, size, mtime_ns)`, size and time as they
+    """fsync a file, then hash it while its pages are in memory: `(digest, size, mtime_ns)`, size and time as they
     were before the hashing began (`FolderSyncer.finish` hashes again a file that changed since); None when the file
     is gone (renamed or removed by the process that wrote it, see `FolderSyncer`)."""
     try:
