@@ -162,20 +162,23 @@ def test_two_processes_sample_from_one_server_and_push_the_trained_weights(tiny_
     for push in team.pushes:
         assert push["names"] == names and push["kind"] == "full"
         assert push["checksum"] == sums[0][push["step"]][push["agent"]], push
-    # DDP: each rank pushes (they need not sample in step); ZeRO-3: the main rank alone, the other joining the gathers
-    pushers = 1 if engine.startswith("zero3") else 2
+    # one push per agent and step, from the main rank (DDP: at the start of the rollout, the other rank waiting for
+    # its answer; ZeRO-3: the other rank joining the gathers); the old code pushed from both ranks under DDP
     by_step = Counter((p["agent"], p["step"]) for p in team.pushes)
-    assert by_step == {(a, s): pushers for a in (0, 1) for s in range(STEPS)}
+    assert by_step == {(a, s): 1 for a in (0, 1) for s in range(STEPS)}
+    assert all(r["num_syncs"] == STEPS for r in results)  # every rank recorded the main rank's pushes
 
 
 @pytest.mark.slow
-def test_under_zero3_a_refused_push_stops_both_ranks_at_the_step_boundary(tiny_path, tmp_path):
-    """The main rank alone pushes under ZeRO-3: when the server refuses the push after step 2, the other rank learns
-    of it (no rank waits for a push that never comes) and both stop with `VLLMServerError` at the step boundary."""
-    pytest.importorskip("deepspeed")
+@pytest.mark.parametrize("engine", ["multi_cpu", "zero3_cpu"])
+def test_a_refused_push_stops_both_ranks_at_the_step_boundary(tiny_path, tmp_path, engine):
+    """The main rank alone pushes: when the server refuses the push after step 2, the other rank learns of it (no
+    rank waits for a push that never comes) and both stop with `VLLMServerError` at the step boundary."""
+    if engine.startswith("zero3"):
+        pytest.importorskip("deepspeed")
     server = FakeServer(RefusingTeam(2, step=2))
     try:
-        proc = launch("zero3_cpu", tiny_path, tmp_path, server)
+        proc = launch(engine, tiny_path, tmp_path, server)
     finally:
         server.kill()
     assert proc.returncode != 0

@@ -130,6 +130,12 @@ class GenerationEngine(ABC):
     ) -> list[GenerationOutput]:
         """The same with other models (one per agent, e.g. a comparator's), at the team's sampling settings."""
 
+    def before_rollout(self) -> None:
+        """Called by the trainer on every process at the start of each training rollout, where the processes are in
+        step: a place for work they agree on (the vLLM server engine's one push per step under DDP); nothing
+        here."""
+        return None
+
     @abstractmethod
     def unwrapped_team(self) -> AbstractContextManager[nn.Module]:
         """The team, unwrapped from its engine and ready for `generate_with` on its own agents (under ZeRO-3 each

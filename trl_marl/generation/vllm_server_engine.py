@@ -11,10 +11,13 @@ A server's layout (`GET /info`) decides what is pushed (`VLLMServerClient.push_m
 PEFT agent's adapter merged (`per_agent`), or only its LoRA adapter (`multi_lora`). Pushes are lazy, as colocated
 engines sync: before a sampling call, every agent is pushed when the trainer's `global_step` moved since the last
 push; otherwise one `GET /info` per server checks that it still holds what was pushed (same step, a version no older:
-a restarted server reports version 0) and pushes again where it does not. In a multi-process run under DDP every
-process pushes its (identical) weights, so no process waits on another (the processes need not sample in step); under
-ZeRO-3 / FSDP2, where they do, the decision is agreed first, every process joins the gathers, and the main process
-alone sends each agent and broadcasts the server's answer or its failure: one push per agent and step.
+a restarted server reports version 0) and pushes again where it does not. With several processes the server gets one
+push per agent and step, from the main process, which broadcasts the server's answer or its failure (every process
+fails together): under DDP at the start of each training rollout (`before_rollout`, where the processes are in step;
+the main process decides which agents moved, the others wait for its answer, and sample on their own afterwards);
+under ZeRO-3 / FSDP2, where every sampling call is in step, the decision is agreed first and every process joins the
+gathers. A process that finds its server restarted, or samples outside a training rollout before any push (an
+evaluation at the start), pushes on its own.
 
 A server that does not answer: every request has the deadline `vllm_server_timeout` and is retried twice with
 exponential backoff (1 s, 2 s); then `VLLMServerError` (a `GenerationUnavailable`) names the server and the agent, and
@@ -167,27 +170,46 @@ class VLLMServerGeneration(VLLMSampling):
             stale.append(not (entry["step"] == pushed_step and entry["version"] >= version))
         return stale
 
+    def before_rollout(self) -> None:
+        """Under DDP with several processes (called on every process, in step): the agents whose step moved since
+        the main process last pushed them are pushed by the main process alone; the others record its answers, so
+        their sampling finds the weights current. One push per agent and step instead of one per process (each a
+        copy of the same weights for the server to load). One process, ZeRO-3 / FSDP2: nothing here (`generate`)."""
+        if self.accelerator.num_processes == 1 or self.collective:
+            return
+        from accelerate.utils import broadcast_object_list
+
+        step = self._policy_version()
+        # the main process decides: the others' records can differ (a push of their own, after a server restart)
+        moved = [i for i, p in enumerate(self._pushed) if p is None or p[1] != step]
+        moved = broadcast_object_list([moved if self.accelerator.is_main_process else None], from_process=0)[0]
+        self._push_all(moved, step)
+
     def _ensure_current(self) -> None:
         step = self._policy_version()
         stale = self._stale(step)
         if self.collective:  # the pushes gather sharded weights: every process pushes the same agents
             flags = torch.tensor([float(s) for s in stale], device=self.accelerator.device)
             stale = [bool(f > 0) for f in self.accelerator.reduce(flags, reduction="sum").tolist()]
-        if not any(stale):
+        self._push_all([i for i, s in enumerate(stale) if s], step, agreed=self.collective)
+
+    def _push_all(self, agents: list[int], step: int, agreed: bool = True) -> None:
+        """Push `agents` (`agreed`: every process calls this with the same agents, and the main process sends)."""
+        if not agents:
             return
         t0 = time.perf_counter()
-        for i, agent in enumerate(self.team.agents):
-            if stale[i]:
-                self._pushed[i] = (self._push(i, agent, step), step)
+        for i in agents:
+            self._pushed[i] = (self._push(i, self.team.agents[i], step, agreed), step)
         self.sync_seconds += time.perf_counter() - t0
         self.num_syncs += 1
 
-    def _push(self, i: int, agent: Any, step: int) -> int:
-        """Push agent `i`; returns the version the server answered. Under ZeRO-3 / FSDP2 every process joins the
-        gathers and the main process alone sends; its answer (or its failure) is broadcast, so no process samples
-        before the weights landed, and all processes fail together."""
+    def _push(self, i: int, agent: Any, step: int, agreed: bool) -> int:
+        """Push agent `i`; returns the version the server answered. `agreed` (every process pushes the same agent
+        here): the main process alone sends, the others join the gathers of a sharded agent (ZeRO-3 / FSDP2) or
+        wait; its answer (or its failure) is broadcast, so no process samples before the weights landed, and all
+        processes fail together."""
         client = self._client(i)
-        if not self.collective:
+        if not agreed or self.accelerator.num_processes == 1:
             return int(client.push_model(i, agent, step=step, dist=self._dist)["version"])
         from accelerate.utils import broadcast_object_list
 
@@ -201,7 +223,7 @@ class VLLMServerGeneration(VLLMSampling):
                 outcome.update(
                     error=str(exc), server=isinstance(exc, VLLMServerError), status=getattr(exc, "status", None)
                 )
-        else:
+        elif self.collective:
             client.gather_model(i, agent, dist=self._dist)
         outcome = broadcast_object_list([outcome], from_process=0)[0]
         if failure is not None:

@@ -417,6 +417,7 @@ class MultiAgentTrainer(_BaseTrainer):
         """Roll out `items` (training reward), set the KL penalties, compute the returns and the `_experience`, record
         it all; return each training step's inputs (`{"rollout", "items", **experience.inputs}`, `_update_chunks`)."""
         t0 = time.perf_counter()
+        self.generation.before_rollout()
         # one process on CPU: the rollout's tensors from glibc's heap (trl_marl.distributed.memory)
         heap = freed_tensors_reused() if self.args.world_size == 1 else contextlib.nullcontext()
         with self.rng_streams.scoped("rollout", self._rng_round()), heap:
