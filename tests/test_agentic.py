@@ -184,18 +184,72 @@ def test_dapo_normalizes_by_generated_tokens_as_trl(tiny_path, tok, tmp_path):
     assert not torch.allclose(loss, with_tool_tokens, atol=1e-4)
 
 
-def test_auto_engine_keeps_transformers_when_the_vllm_correction_is_asked(tiny_path, tok, tmp_path, monkeypatch):
-    """use_vllm='auto' on an agentic team with loss_type and vLLM's IS correction (TRL's default) picks transformers'
-    generate, saying why, where the rule alone would pick vLLM; use_vllm=True is refused at construction above."""
-    import trl_marl.generation.vllm_backend as backend
-    import trl_marl.trainers.building as building
-    from trl_marl.generation import HFGeneration
-    from trl_marl.generation.choice import BackendChoice
+class WithSamplingLogprobs(Scripted):
+    """`Scripted`, reporting a sampling log-prob for every generated token as vLLM does: -0.01 * (its position in
+    the generation + 1), so each segment's values are known."""
 
-    monkeypatch.setattr(backend, "check_vllm_available", lambda: "0.31.0")
-    monkeypatch.setattr(building, "choose_backend", lambda *a: BackendChoice(True, "the rule"))
-    trainer = signal_trainer(tiny_path, tok, tmp_path, use_vllm="auto", loss_type="dapo")
-    assert type(trainer.generation) is HFGeneration and trainer.args.use_vllm is False
+    def __call__(self, prompts_per_agent, num_generations, greedy=False):
+        outs = super().__call__(prompts_per_agent, num_generations, greedy)
+        for out in outs:
+            out.sampling_logprobs = [
+                -0.01 * torch.arange(1, c.numel() + 1, dtype=torch.float32) for c in out.completion_ids
+            ]
+        return outs
+
+
+@pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
+def test_vllm_importance_sampling_correction_on_an_agentic_team(tiny_path, tok, tmp_path, mode):
+    """vLLM's IS correction with tools, as TRL's `_tool_call_loop` does it: each turn keeps the engine's log-probs
+    of its generated segments and 0.0 at the inserted tool-result tokens, and the ratio uses `completion_mask *
+    tool_mask` (an inserted token, never sampled, would otherwise weigh exp(logp_old - 0) into it). The old code
+    refused the combination at construction (and `use_vllm='auto'` fell back to transformers)."""
+    from trl_marl.algorithms.grpo import vllm_importance_sampling_ratio
+
+    trainer = signal_trainer(
+        tiny_path, tok, tmp_path, rollout_buffer_size=2, loss_type="grpo", vllm_importance_sampling_mode=mode,
+        vllm_importance_sampling_clip_min=0.5 if mode == "token_truncate" else None,
+    )  # fmt: skip
+    step = trainer.rl_step.grpo_step
+    step.vllm_correction = True  # as with use_vllm=True (this test samples through `WithSamplingLogprobs`)
+    WithSamplingLogprobs(trainer, signal_policy(counter=[0]))
+    items = [trainer.train_dataset[i] for i in range(2)]
+    rollout = trainer.train_rollout_engine.run(items, trainer.generation.generate)
+    receiver = [s for s in rollout.samples_of_agent(1) if s.tool_mask is not None]
+    assert receiver and all((s.tool_mask == 0).any() for s in receiver)
+    for s in receiver:  # generated segments: their own positions' values; inserted tokens: 0.0
+        expected, position = [], 0
+        for generated in s.tool_mask.tolist():
+            position = position + 1 if generated else 0
+            expected.append(-0.01 * position if generated else 0.0)
+        torch.testing.assert_close(s.sampling_logprobs, torch.tensor(expected))
+    generations = step.prepare(rollout)
+    clip_min = 0.5 if mode == "token_truncate" else None
+    for i in range(2):
+        samples = rollout.samples_of_agent(i)
+        gen = generations[i]
+        # a sampler that agrees with the trainer up to 1e-3 per generated token (as vLLM's log-probs do)
+        for r, s in enumerate(samples):
+            k = s.completion_ids.numel()
+            generated = torch.ones(k, dtype=torch.bool) if s.tool_mask is None else s.tool_mask.bool()
+            s.sampling_logprobs = torch.where(generated, gen.old_logps[r, :k] - 1e-3, 0.0)
+        step._vllm_ratio(rollout, i, gen)
+        C = gen.old_logps.shape[1]
+        sampling = torch.full((len(samples), C), float("nan"))
+        valid = torch.zeros(len(samples), C)
+        for r, s in enumerate(samples):
+            k = s.completion_ids.numel()
+            sampling[r, :k], valid[r, :k] = s.sampling_logprobs, 1.0
+        mask = trainer.agent_batch(i, samples).completion_mask.float()  # generated tokens; tool results left out
+        expected = vllm_importance_sampling_ratio(gen.old_logps, sampling, mask, mode, clip_min, 3.0)
+        torch.testing.assert_close(gen.is_ratio, expected)
+        assert (gen.is_ratio > 0.5).all()  # close samplers: no sequence masked, no token clipped
+        if i == 1:  # the receiver's turns have tool results: counting them would change the ratio
+            with_tools = vllm_importance_sampling_ratio(gen.old_logps, sampling, valid, mode, clip_min, 3.0)
+            assert not torch.allclose(gen.is_ratio, with_tools)
+    # and through the training step: the ratio reaches the loss, which stays finite
+    (inputs,) = trainer._rollout_step(items)
+    assert all(g.is_ratio is not None for g in inputs["generations"])
+    assert torch.isfinite(trainer.compute_loss(trainer.model, inputs))
 
 
 class Counter:
@@ -349,11 +403,6 @@ class Other(Counter):
             r"CentralizedMAGRPOTrainer does",
         ),
         (dict(trainer=MAReMaxTrainer, remax_baseline="greedy"), ValueError, r"take remax_baseline='greedy'"),
-        (
-            dict(use_vllm=True, loss_type="dapo", tools=[lookup]),
-            ValueError,
-            r"does not take vllm_importance_sampling_correction .*set vllm_importance_sampling_correction=False",
-        ),
         (dict(joint_mode="cross", tools=[lookup]), ValueError, r"does not take joint_mode='cross'"),
         (dict(external_transition=lambda **k: ["a", "b"]), ValueError, r"does not take external_transition"),
         (dict(early_termination_threshold=0.5), ValueError, r"does not take early_termination_threshold"),

@@ -211,6 +211,29 @@ def test_colocated_vllm_engine_plays_episodes(tiny_path, tmp_path, monkeypatch):
     assert out[1].completion_ids == []
 
 
+@pytest.mark.vllm
+def test_vllm_importance_sampling_correction_with_tools(tiny_path, tmp_path, monkeypatch):
+    """TRL's loss with vLLM's IS correction (its default) on an agentic team, sampled by the colocated engines: every
+    turn brings vLLM's log-probs, and the ratio of an engine that samples what the trainer scores is close to 1. The
+    old code refused this configuration. (A random tiny model rarely calls a tool: the alignment of the log-probs
+    around inserted tool results is `test_agentic.py::test_vllm_importance_sampling_correction_on_an_agentic_team`.)"""
+    pytest.importorskip("vllm")
+    from trl_marl.testing import tiny_model_path
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    vllm_path = tiny_model_path(hidden_size=128, num_attention_heads=2, num_key_value_heads=2)  # head_dim >= 32
+    trainer = signal_trainer(
+        vllm_path, tmp_path, use_vllm=True, vllm_max_model_length=1024, max_completion_length=24, max_steps=1,
+        loss_type="grpo",
+    )  # fmt: skip
+    assert trainer.args.vllm_importance_sampling_correction
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    for i in (1, 2):
+        assert 0.9 < logs[f"agent_{i}/sampling/importance_sampling_ratio/mean"] <= 1.1
+        assert logs[f"agent_{i}/sampling/sampling_logp_difference/mean"] < 1e-2
+
+
 def test_agentic_command_trains_on_the_signalling_game(tmp_path, capsys):
     """`trl-marl agentic`: the tiny model on the built-in game, through the registry's MAGRPO family."""
     from trl_marl.cli.recipes import RECIPES, make_parser, run_command

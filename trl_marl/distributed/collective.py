@@ -85,7 +85,13 @@ def destroy_process_group_at_exit() -> None:
 
 
 def _destroy_process_group() -> None:
+    import sys
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    vllm_groups = sys.modules.get("vllm.distributed.parallel_state")
+    if vllm_groups is not None and vllm_groups.model_parallel_is_initialized():
+        return  # a colocated vLLM engine's shutdown destroys every group itself (and fails on one destroyed before)
+    dist.destroy_process_group()

@@ -200,6 +200,7 @@ class AgenticRollout:
                         torch.tensor(turn.prompt_ids, dtype=torch.long),
                         completion,
                         tool_mask=None if all(turn.tool_mask) else torch.tensor(turn.tool_mask, dtype=torch.long),
+                        sampling_logprobs=_logprobs(turn),
                     )
                     node.samples[i].append(len(rollout.samples))
                     rollout.samples.append(sample)
@@ -248,3 +249,8 @@ class AgenticRollout:
         if not branch.done or branch.env is None or not branch.spec.has_reward:
             return None
         return EnvironmentReward(branch.reward(), bool(branch.joint_reward), branch.spec.cls.__name__)
+
+
+def _logprobs(turn: AgentTurn) -> torch.Tensor | None:
+    """The engine's log-probs of a turn's tokens (0.0 at the inserted ones), or None where it gave none."""
+    return None if turn.sampling_logprobs is None else torch.tensor(turn.sampling_logprobs, dtype=torch.float32)

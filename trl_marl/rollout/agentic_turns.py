@@ -45,17 +45,26 @@ class AgentTurn:
 
     `prompt` / `prompt_ids`: the rendered conversation it first generated from; `completion_ids`: every token of its
     turn after the prompt (its generations and the tool results between them); `tool_mask`: 1 per generated token,
-    0 per inserted one; `message`: its message of the turn (what the others and `on_message` receive)."""
+    0 per inserted one; `sampling_logprobs`: per token, the engine's log-prob of a generated token and 0.0 for an
+    inserted one (as TRL's `_tool_call_loop` joins them; the inserted ones are masked), None when a generation came
+    without them (the transformers engine); `message`: its message of the turn (what the others and `on_message`
+    receive)."""
 
     prompt: PromptText
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
     tool_mask: list[int] = field(default_factory=list)
+    sampling_logprobs: list[float] | None = field(default_factory=list)
     message: str = ""
 
-    def extend(self, ids: Sequence[int], generated: bool) -> None:
+    def extend(self, ids: Sequence[int], generated: bool, logprobs: Sequence[float] | None = None) -> None:
+        """Append `ids`: generated (with the engine's `logprobs` of them, when it gave them) or inserted."""
         self.completion_ids += list(ids)
         self.tool_mask += [int(generated)] * len(ids)
+        if self.sampling_logprobs is None or (generated and logprobs is None):
+            self.sampling_logprobs = None
+        else:
+            self.sampling_logprobs += [float(x) for x in logprobs[: len(ids)]] if generated else [0.0] * len(ids)
 
     @property
     def input_ids(self) -> list[int]:
@@ -148,7 +157,7 @@ class TurnPlayer:
                     turn = turns[(b.uid, agent)] = AgentTurn(prompts[r], out.prompt_ids[r].tolist())
                 prefix = turn.input_ids
                 ids = out.completion_ids[r].tolist()[: self.max_completion_length - len(turn.completion_ids)]
-                turn.extend(ids, generated=True)
+                turn.extend(ids, True, None if out.sampling_logprobs is None else out.sampling_logprobs[r].tolist())
                 finished = bool(ids) and ids[-1] in self.eos_ids[agent]
                 if ts and finished:
                     messages.append(parse_completion(tok, ids, prefix, ts))

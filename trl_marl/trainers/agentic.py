@@ -66,10 +66,6 @@ class AgenticSetup:
              "episodes (is_done() or a done attribute); leave early_termination_threshold=None"),
             (getattr(args, "remax_baseline", "max") == "greedy", "remax_baseline='greedy': the greedy joint action is "
              "a one-shot baseline that an episode with tools does not have; use remax_baseline='max'"),
-            (args.use_vllm is True and getattr(args, "loss_type", None) is not None
-             and getattr(args, "vllm_importance_sampling_correction", False),
-             "vllm_importance_sampling_correction (on by default, as in TRL): the agentic rollout does not keep "
-             "vLLM's sampled log-probs of each generated segment yet; set vllm_importance_sampling_correction=False"),
         ]  # fmt: skip
         for bad, why in refuse:
             if bad:

@@ -20,7 +20,7 @@ from trl_marl.data_types.rollout import Rollout
 from trl_marl.distributed.fsdp import is_fsdp2, shard_module
 from trl_marl.distributed.zero3 import zero3_frozen_copy, zero3_init_enabled
 from trl_marl.generation import GenerationEngine, HFGeneration, SamplingSettings
-from trl_marl.generation.choice import BackendChoice, choose_backend
+from trl_marl.generation.choice import choose_backend
 from trl_marl.models.adapters import AdapterDisabled, build_shared_base, wrap_agents_with_peft
 from trl_marl.models.loading import load_agents, load_tokenizers
 from trl_marl.models.team import agent_token_logprobs
@@ -96,12 +96,6 @@ def generation_engine(trainer: Any) -> GenerationEngine:
             version = None
         configs = [agent.config for agent in trainer.team.agents]
         choice = choose_backend(args, configs, trainer.accelerator.device.type, version)
-        if choice.use_vllm and getattr(trainer, "agentic", None) and vllm_correction_requested(args):
-            choice = BackendChoice(
-                False,
-                "an agentic team with loss_type and vllm_importance_sampling_correction: the agentic rollout does not "
-                "keep vLLM's sampled log-probs that the correction needs",
-            )
         logger.info("use_vllm='auto': %s, because %s", "vLLM" if choice.use_vllm else "transformers", choice.reason)
         args.use_vllm = choice.use_vllm
     if not args.use_vllm:
@@ -115,13 +109,6 @@ def generation_engine(trainer: Any) -> GenerationEngine:
     from trl_marl.generation.vllm_backend import VLLMTeamGeneration
 
     return VLLMTeamGeneration(engine, args, trainer.peft_config, policy_version, record)
-
-
-def vllm_correction_requested(args: Any) -> bool:
-    """Whether the config asks for vLLM's importance-sampling correction (TRL's loss family with it on)."""
-    return getattr(args, "loss_type", None) is not None and bool(
-        getattr(args, "vllm_importance_sampling_correction", False)
-    )
 
 
 def needs_reference(args: Any) -> bool:

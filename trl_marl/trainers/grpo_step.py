@@ -160,7 +160,8 @@ class GRPOLossStep:
         for r, s in enumerate(samples):
             k = s.completion_ids.numel()
             sampling[r, :k] = s.sampling_logprobs[:k]
-            mask[r, :k] = 1.0
+            # TRL's `completion_mask * tool_mask`: the tool results inserted in an agentic turn were not sampled
+            mask[r, :k] = 1.0 if s.tool_mask is None else s.tool_mask[:k].float()
         if self.mask_truncated[i]:
             mask = mask * (~gen.truncated).unsqueeze(1)
         old = gen.old_logps.float().cpu()
