@@ -25,8 +25,17 @@ def args(**overrides):
         ({}, [config(128, 2)], "cuda", "0.31.0", True, "a CUDA device"),
         ({}, [config(64, 4)], "cpu", "0.31.0", False, "head_dim 16 < 32"),
         ({"share_base_model": True}, [config()], "cpu", "0.31.0", False, "shared-base LoRA team on CPU"),
-        ({"share_base_model": True, "vllm_enable_lora": False}, [config()], "cpu", "0.31.0", True, "hidden size 512"),
-        ({}, [config(), config(128, 2)], "cpu", "0.31.0", False, "hidden size 128 < 512 and 16 < 128 new tokens"),
+        (
+            {"share_base_model": True, "vllm_enable_lora": False, "max_completion_length": 256},
+            [config()],
+            "cpu",
+            "0.31.0",
+            True,
+            "256 new tokens",
+        ),
+        ({}, [config(), config(128, 2)], "cpu", "0.31.0", False, "16 < 128 new tokens"),
+        # hidden 512 at 16 tokens: vLLM 0.91x of generate (quiet machine); the old rule chose vLLM for any hidden >= 512
+        ({}, [config(4096, 32)], "cpu", "0.31.0", False, "16 < 128 new tokens"),
         ({"max_completion_length": 128}, [config(128, 2)], "cpu", "0.31.0", True, "128 new tokens"),
         ({"max_completion_length": [16, 128]}, [config(128, 2)], "cpu", "0.31.0", True, "128 new tokens"),  # per agent
         ({}, [config()], "mps", "0.31.0", False, "no engine for the 'mps' device"),

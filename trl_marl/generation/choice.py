@@ -1,4 +1,5 @@
-"""`use_vllm="auto"`: pick the faster generation backend for the device and the model size, and say why.
+"""`use_vllm="auto"`: pick the faster generation backend for the device, the model and the completion length, and
+say why.
 
 The rule, from the measured figures (`benchmarks/README.md`, "vLLM against HF `generate`"; 2 agents, 8 prompts x 4
 samples per step; generation CPU time, HF / vLLM):
@@ -9,15 +10,19 @@ samples per step; generation CPU time, HF / vLLM):
 | CUDA | any | vLLM | what vLLM is built for (paged attention, CUDA graphs, batched sampling) |
 | CPU | head_dim < 32 | transformers | vLLM's CPU attention refuses it |
 | CPU | a shared-base LoRA team served by one multi-LoRA engine (`vllm_enable_lora`) | transformers | vLLM's CPU LoRA ops: 0.52x of per-agent engines, which are ~0.84x of HF at this size |
-| CPU | hidden size >= 512, or `max_completion_length` >= 128 | vLLM | hidden 512: 1.36-1.45x; hidden 128 at 128 tokens: 1.13-1.14x |
-| CPU | smaller models with shorter completions | transformers | hidden 128 at 16 tokens: vLLM 0.83-0.85x (its per-token scheduling outweighs the tiny forward) |
+| CPU | `max_completion_length` >= 128 | vLLM | hidden 512: 1.67x; hidden 128: 1.04x (the whole step 1.24x / 1.14x) |
+| CPU | shorter completions | transformers | hidden 512 at 16 tokens: vLLM 0.91x; hidden 128: 0.83-0.85x (measured before the shared prefill) |
+
+(Measured 2026-12-03 at load average about 1, `benchmarks/vllm_throughput.py`. Earlier runs put hidden 512 at 16
+tokens at 1.36-1.45x, before transformers' engine prefilled each prompt once for its G samples
+(`trl_marl.generation.hf._shared_prefill`): a short completion's call is mostly prefill, so that moved the crossover.)
 
 Why (a py-spy profile of each backend, `benchmarks/vllm_profile.py`, docs/vllm.md "Where the time goes"): vLLM's CPU
 engine adds ~3.5 ms of per-step bookkeeping (scheduler, input preparation, output processing) whatever the model, so
 it loses while the forward is small and wins once its faster forward (oneDNN GEMMs, paged attention) saves more; one
 multi-LoRA engine spends most of its time gathering every token's adapter weights in vLLM's CPU LoRA ops.
 
-The rule looks at the smallest agent of the team (every agent gets an engine). It only chooses between transformers'
+The rule looks at the smallest head of the team and its longest completions (every agent gets an engine). It only chooses between transformers'
 `generate` and colocated engines: server mode is chosen explicitly (`use_vllm=True, vllm_mode="server"`).
 """
 
@@ -27,11 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CPU_MIN_HIDDEN_SIZE", "CPU_MIN_COMPLETION_LENGTH", "BackendChoice", "choose_backend", "parse_use_vllm"]
+__all__ = ["CPU_MIN_COMPLETION_LENGTH", "BackendChoice", "choose_backend", "parse_use_vllm"]
 
-# On CPU, vLLM wins from this hidden size on (measured: 1.36-1.45x at 512, 0.83-0.85x at 128 with 16 tokens) ...
-CPU_MIN_HIDDEN_SIZE = 512
-# ... or from this many new tokens on (measured at hidden 128: 1.13-1.14x at 128 tokens)
+# On CPU, vLLM wins from this many new tokens on, at both measured sizes (hidden 512: 1.67x at 128 tokens, 0.91x at
+# 16; hidden 128: 1.04x at 128 tokens, 0.83-0.85x at 16)
 CPU_MIN_COMPLETION_LENGTH = 128
 # vLLM's CPU attention backend refuses smaller heads
 CPU_MIN_HEAD_DIM = 32
@@ -71,7 +75,6 @@ def choose_backend(
         return BackendChoice(True, f"a CUDA device and vLLM {vllm_version}: vLLM is built for GPUs")
     if device_type != "cpu":
         return BackendChoice(False, f"vLLM has no engine for the {device_type!r} device here")
-    hidden = min(c.hidden_size for c in model_configs)
     head_dim = min(_head_dim(c) for c in model_configs)
     if head_dim < CPU_MIN_HEAD_DIM:
         return BackendChoice(False, f"head_dim {head_dim} < {CPU_MIN_HEAD_DIM}, which vLLM's CPU attention refuses")
@@ -83,17 +86,17 @@ def choose_backend(
         )
     lengths = args.max_completion_length  # one value, or one per agent (the MAGRPO family)
     tokens = max(lengths) if isinstance(lengths, (list, tuple)) else lengths
-    if hidden >= CPU_MIN_HIDDEN_SIZE or tokens >= CPU_MIN_COMPLETION_LENGTH:
+    if tokens >= CPU_MIN_COMPLETION_LENGTH:
         return BackendChoice(
             True,
-            f"CPU, hidden size {hidden}, {tokens} new tokens: vLLM generated 1.36-1.45x faster at hidden 512 and "
-            "1.13x at hidden 128 with 128 tokens",
+            f"CPU and {tokens} new tokens: vLLM generated 1.67x faster at hidden 512 and 1.04x at hidden 128 with 128 "
+            "tokens",
         )
     return BackendChoice(
         False,
-        f"CPU, hidden size {hidden} < {CPU_MIN_HIDDEN_SIZE} and {tokens} < {CPU_MIN_COMPLETION_LENGTH} new tokens: "
-        "vLLM's per-token scheduling costs more than such a small forward (0.83-0.85x of transformers' generate at "
-        "hidden 128, 16 tokens)",
+        f"CPU and {tokens} < {CPU_MIN_COMPLETION_LENGTH} new tokens: transformers' generate prefills each prompt once "
+        "for its samples and vLLM's per-step scheduling costs more than it saves (vLLM 0.91x at hidden 512, "
+        "0.83-0.85x at hidden 128, with 16 tokens)",
     )
 
 
