@@ -1,5 +1,6 @@
-"""A checkpoint's files made durable and listed with their digest (XXH3-128, `checksums.DIGEST`): fsync on a small thread pool while the rest of the
-checkpoint is still being written, and the digest of every file, for the completion marker.
+"""A checkpoint's files made durable and listed with their digest (XXH3-128, `checksums.DIGEST`): fsync on a small
+thread pool while the rest of the checkpoint is still being written, and the digest of every file, for the
+completion marker.
 
 Two ways a file gets its digest:
 

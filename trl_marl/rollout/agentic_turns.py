@@ -23,6 +23,7 @@ each position (`any_over_processes`), a process with no branch left calling with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,8 +64,11 @@ class AgentTurn:
         self.tool_mask += [int(generated)] * len(ids)
         if self.sampling_logprobs is None or (generated and logprobs is None):
             self.sampling_logprobs = None
+        elif generated:  # NaN where the engine gave fewer than the tokens (no correction there, as TRL's NaN rule)
+            given = [float(x) for x in logprobs[: len(ids)]]
+            self.sampling_logprobs += given + [math.nan] * (len(ids) - len(given))
         else:
-            self.sampling_logprobs += [float(x) for x in logprobs[: len(ids)]] if generated else [0.0] * len(ids)
+            self.sampling_logprobs += [0.0] * len(ids)
 
     @property
     def input_ids(self) -> list[int]:
