@@ -41,6 +41,18 @@ def test_hashing_writer_records_the_digest_of_the_bytes_on_disk(tmp_path, monkey
     stat = path.stat()
     assert path.read_bytes() == b"".join(pieces)
     assert writer.record == (_xxh3(path), stat.st_size, stat.st_mtime_ns)
+    assert writer._follower is not None  # it followed the writer
+
+
+def test_a_small_file_is_hashed_when_closed_without_a_thread(tmp_path):
+    """Under one chunk (`_FOLLOW_BYTES`) nothing starts a follower thread: the file is hashed when it is closed."""
+    path = tmp_path / "scheduler.pt"
+    with HashingWriter(str(path)) as writer:
+        for piece in (b"a", os.urandom(100_000), b"", b"z"):
+            writer.write(piece)
+    assert writer._follower is None
+    stat = path.stat()
+    assert writer.record == (_xxh3(path), stat.st_size, stat.st_mtime_ns)
 
 
 def test_a_file_changed_while_written_has_no_record_and_is_read_back(tmp_path):
