@@ -107,9 +107,9 @@ def mismatched_files(folder: str, entries: Iterable[dict]) -> list[str]:
 
 
 def write_folder_checksums(folder: str, entries: Sequence[str], exclude_names: Sequence[str] = ()) -> str:
-    """Write `folder/checksums.json`: the size and digest (XXH3-128) of every file of the top-level `entries` of `folder` (files,
-    or folders walked recursively), except files named in `exclude_names` (e.g. `README.md`: the model cards are
-    rewritten at push time). Returns its path."""
+    """Write `folder/checksums.json`: the size and digest (XXH3-128) of every file of the top-level `entries` of
+    `folder` (files, or folders walked recursively), except files named in `exclude_names` (e.g. `README.md`: the
+    model cards are rewritten at push time). Returns its path."""
     skip = {CHECKSUM_FILE, *exclude_names}
     paths = []
     for entry in entries:

@@ -170,8 +170,8 @@ def return_freed_tensors_to_os(threshold: int = MMAP_THRESHOLD) -> bool:
     before sharding, and every layer the engine gathered, as RSS. `mallopt(M_MMAP_THRESHOLD, threshold)` fixes the
     threshold, so such tensors are mapped on allocation and unmapped when freed (measured on the model-shaped
     team, 2 processes: FSDP2's per-rank peak RSS went from 0.95-1.00x of DDP's to 0.51x; docs/scaling.md). trl_marl
-    calls it for CPU runs: at `MMAP_THRESHOLD` with several processes, at `ONE_PROCESS_MMAP_THRESHOLD` in one. Returns whether glibc took the setting (False elsewhere: musl, macOS,
-    Windows)."""
+    calls it for CPU runs: at `MMAP_THRESHOLD` with several processes, at `ONE_PROCESS_MMAP_THRESHOLD` in one.
+    Returns whether glibc took the setting (False elsewhere: musl, macOS, Windows)."""
     global _threshold
     try:
         libc = _libc()
@@ -190,9 +190,9 @@ def freed_tensors_reused() -> Iterator[None]:
 
     For generation on CPU: every decode step grows each layer's KV cache by a `torch.cat` into a new tensor of a MiB
     or more. Mapped, each costs its pages' faults anew (measured on the model-shaped team: 68,000 minor faults and
-    0.24 s of system time per rollout; on the heap 9,000 and 0.08 s); generation is not where a step's RSS peaks, and the trim
-    returns what it freed before the loss's forward. Also keeps freed memory at the heap's top (glibc's trim
-    threshold, restored to its default of 128 KiB on exit)."""
+    0.24 s of system time per rollout; on the heap 9,000 and 0.08 s); generation is not where a step's RSS peaks,
+    and the trim returns what it freed before the loss's forward. Also keeps freed memory at the heap's top (glibc's
+    trim threshold, restored to its default of 128 KiB on exit)."""
     libc = _libc() if _threshold is not None else None
     if libc is None or not libc.mallopt(_M_MMAP_THRESHOLD, _HEAP_THRESHOLD):
         yield

@@ -22,8 +22,9 @@ engine adds ~3.5 ms of per-step bookkeeping (scheduler, input preparation, outpu
 it loses while the forward is small and wins once its faster forward (oneDNN GEMMs, paged attention) saves more; one
 multi-LoRA engine spends most of its time gathering every token's adapter weights in vLLM's CPU LoRA ops.
 
-The rule looks at the smallest head of the team and its longest completions (every agent gets an engine). It only chooses between transformers'
-`generate` and colocated engines: server mode is chosen explicitly (`use_vllm=True, vllm_mode="server"`).
+The rule looks at the smallest head of the team and its longest completions (every agent gets an engine). It only
+chooses between transformers' `generate` and colocated engines: server mode is chosen explicitly (`use_vllm=True,
+vllm_mode="server"`).
 """
 
 from __future__ import annotations

@@ -240,9 +240,9 @@ def score_completions(
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs `(B, C)` of `log_softmax(logits / temperature)` at the completion tokens of `batch`, and
-    with `return_entropy` the `(B, C)` token entropies (detached unless `entropy_grad`; else None), scored in chunks of `rows` rows (None:
-    the plan of `chunk_plan` for this one agent). With gradients every chunk is checkpointed except the last one
-    when `keep_last` (see the module docstring). Entries past a row's completion are 0."""
+    with `return_entropy` the `(B, C)` token entropies (detached unless `entropy_grad`; else None), scored in chunks
+    of `rows` rows (None: the plan of `chunk_plan` for this one agent). With gradients every chunk is checkpointed
+    except the last one when `keep_last` (see the module docstring). Entries past a row's completion are 0."""
     device = next(model.parameters()).device
     batch = batch.to(device)
     B, C = batch.input_ids.shape[0], batch.num_completion_tokens
