@@ -14,14 +14,15 @@ forward per step keeps the engine's parameter fetching in its recorded order: a 
 115,008 elements of an agent while training, and its peak rise 34%).
 
 **Chunks.** Without a limit one agent's whole batch is one forward, and its graph is kept until the backward: every
-agent's graph at once, the peak of a step. `score_completions` cuts the rows into chunks of `rows` rows
-(`logprob_batch_size`); every chunk but the last runs under non-reentrant activation checkpointing
-(`torch.utils.checkpoint`): its forward keeps only its inputs and log-probs, and the backward recomputes its graph,
-one chunk at a time. The peak transient is one chunk's graph instead of every agent's, for one more forward of the
-checkpointed chunks. Without gradients (reference and gap scoring) chunks simply run one after another. The
-automatic size (`rows=None`) keeps a chunk's activations within `budget_bytes`: one agent's weights, at least 64 MiB,
-by the first-order activation formula of `trl_marl.distributed.memory` (a batch within the budget is one chunk, as
-before).
+agent's graph at once when one team forward scores them all, the peak of a step (on one process the REINFORCE family
+scores one agent per team forward and backpropagates it before the next: `trl_marl.trainers.agent_losses`).
+`score_completions` cuts the rows into chunks of `rows` rows (`logprob_batch_size`); every chunk but the last runs
+under non-reentrant activation checkpointing (`torch.utils.checkpoint`): its forward keeps only its inputs and
+log-probs, and the backward recomputes its graph, one chunk at a time. The peak transient is one chunk's graph instead
+of every agent's, for one more forward of the checkpointed chunks. Without gradients (reference and gap scoring)
+chunks simply run one after another. The automatic size (`rows=None`) keeps a chunk's activations within
+`budget_bytes`: one agent's weights, at least 64 MiB, by the first-order activation formula of
+`trl_marl.distributed.memory` (a batch within the budget is one chunk, as before).
 """
 
 from __future__ import annotations

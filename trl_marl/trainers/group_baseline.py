@@ -23,6 +23,7 @@ from trl_marl.algorithms.logprobs import sequence_logprobs
 from trl_marl.algorithms.losses import policy_gradient_loss
 from trl_marl.data_types.rollout import Rollout
 from trl_marl.rollout.returns import RolloutReturns
+from trl_marl.trainers.agent_losses import sum_of_agent_losses
 from trl_marl.trainers.base import MultiAgentTrainer
 from trl_marl.trainers.data import Experience
 from trl_marl.trainers.grpo_step import AgentGeneration, GRPOLossStep, ReferenceSyncCallback
@@ -145,7 +146,8 @@ class GroupBaselineStep(RLStep):
         `experience` computed for the rollout.
 
         One forward pass per agent over all its samples of the step (every turn of every item). Agents' parameters
-        are disjoint, so the gradient of the sum on agent i is agent i's own policy gradient.
+        are disjoint, so the gradient of the sum on agent i is agent i's own policy gradient; on one process each
+        agent's term is backpropagated before the next agent's forward (`trl_marl.trainers.agent_losses`).
         """
         t = self.trainer
         rollout, items = inputs["rollout"], inputs["items"]
@@ -155,16 +157,17 @@ class GroupBaselineStep(RLStep):
         if self.grpo_step is not None:
             return self.grpo_step.loss(model, rollout, nodes, advantages, inputs["generations"])
         batches = [t.agent_batch(i, rollout.samples_of_agent(i, nodes)) for i in range(t.num_agents)]
-        out = model(batches)
-        losses = []
         m = t._metrics["train"]
-        for i, (logp, batch, adv) in enumerate(zip(out["logprobs"], batches, advantages)):
-            seq = sequence_logprobs(logp, batch.completion_mask.to(logp.device))
+
+        def agent_loss(i: int, out: dict[str, list]) -> torch.Tensor:
+            logp, adv = out["logprobs"][i], advantages[i]
+            seq = sequence_logprobs(logp, batches[i].completion_mask.to(logp.device))
             loss_i = policy_gradient_loss(seq, adv.to(logp.device))
-            losses.append(loss_i)
             m[f"agent_{i + 1}/loss"].append(loss_i.item())
             m[f"agent_{i + 1}/logprob_mean"].append(seq.detach().mean().item())
             m[f"agent_{i + 1}/advantage_std"].append(adv.std(unbiased=False).item())
+            return loss_i
+
+        loss, out = sum_of_agent_losses(t, model, batches, agent_loss)
         t._metrics.record_entropy(out["entropy"])
-        device = losses[0].device
-        return sum(loss.to(device) for loss in losses)
+        return loss

@@ -12,7 +12,8 @@
   (The logits of the generation pass are not reused: transformers' incremental decoding gives slightly different
   numbers than a full forward, which would put noise into every ratio, and keeping them costs B x T x V memory.)
 - `loss`, every training step: one forward per agent (`TeamModel.forward`), `grpo_loss` on the agent's tokens with its
-  own `GRPOLossSettings`, TRL's metrics under `agent_i/` and their team means under TRL's own names.
+  own `GRPOLossSettings`, TRL's metrics under `agent_i/` and their team means under TRL's own names; on one process
+  each agent's term is backpropagated before the next agent's forward (`trl_marl.trainers.agent_losses`).
 
 The normalisers match TRL's with factor 1: the trainer divides the returned loss by the gradient-accumulation steps
 (TRL's `_compute_loss` does it inside), so `grpo_loss` runs with `gradient_accumulation_steps=1` and `dapo`'s N is
@@ -37,6 +38,7 @@ from trl_marl.algorithms.grpo import (
 )
 from trl_marl.data_types.rollout import Node, Rollout, generated_tokens
 from trl_marl.models.team import agent_token_logprobs
+from trl_marl.trainers.agent_losses import sum_of_agent_losses
 from trl_marl.trainers.per_agent import agent_values
 
 __all__ = ["AgentGeneration", "GRPOLossStep", "ReferenceSyncCallback"]
@@ -191,10 +193,11 @@ class GRPOLossStep:
         t = self.trainer
         G, n = rollout.num_generations, t.num_agents
         batches = [t.agent_batch(i, rollout.samples_of_agent(i, nodes)) for i in range(n)]
-        out = model(batches, token_entropy=True, entropy_grad=self.entropy_grad)
         processes, K = t.accelerator.num_processes, t.args.steps_per_rollout
-        losses, entropies, team = [], [], {}
-        for i, (settings, gen, batch) in enumerate(zip(self.settings, generations, batches)):
+        entropies, team = [], {}
+
+        def agent_loss(i: int, out: dict[str, list]) -> torch.Tensor:
+            settings, gen, batch = self.settings[i], generations[i], batches[i]
             logp, entropy = out["logprobs"][i], out["token_entropy"][i]
             device, C = logp.device, logp.shape[1]
             rows = gen.rows(nodes, G)
@@ -217,16 +220,20 @@ class GRPOLossStep:
                 gradient_accumulation_steps=1,
                 entropy_pool=pool,
             )
-            losses.append(loss_i)
             values = {k: float(v) for k, v in metrics.items()}
             values["loss"] = loss_i.item()
             entropies.append(values.pop("entropy"))
             self._record(i, values, team)
+            return loss_i
+
+        loss, _ = sum_of_agent_losses(
+            t, model, batches, agent_loss, token_entropy=True, entropy_grad=self.entropy_grad
+        )
         t._metrics.record_entropy(entropies)
         for name, vals in team.items():
             if name not in ("kl", "loss"):  # `kl`: the recorder's team mean of agent_i/kl
                 t._metrics["train"][name].append(sum(vals) / len(vals))
-        return sum(loss.to(losses[0].device) for loss in losses)
+        return loss
 
     def _record(self, i: int, values: dict[str, float], team: dict[str, list[float]] | None = None) -> None:
         """`agent_{i+1}/<name>` for every value (TRL's names after the prefix); with `team`, also collects them for

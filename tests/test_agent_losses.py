@@ -1,0 +1,107 @@
+"""The REINFORCE family's loss backpropagated one agent at a time (`trl_marl.trainers.agent_losses`): the same
+gradients as one backward of the summed loss, each agent's graph freed before the next agent's forward, and only
+where the engine allows several backward passes per step."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate.utils import DistributedType
+from conftest import cpu_args, letters_reward
+
+import trl_marl.trainers.agent_losses as agent_losses
+
+
+def _trainer(tiny_path, tmp_path, **overrides):
+    from trl_marl import MAGRPOConfig, MAGRPOTrainer
+
+    args = cpu_args(MAGRPOConfig, tmp_path, num_generations=3, rollout_buffer_size=3, **overrides)
+    prompts = [{"prompt": p} for p in ("the cat", "a long way home", "sing")]
+    return MAGRPOTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=prompts)
+
+
+def _step(trainer, inputs, accumulation: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[bool]]:
+    """One micro-step's loss and gradients, and for each forward of the second agent whether the first agent's
+    gradient was already there."""
+    model = trainer.model
+    model.zero_grad(set_to_none=True)
+    trainer.current_gradient_accumulation_steps = accumulation
+    first = list(trainer.team.agents[0].parameters())
+    seen: list[bool] = []
+    hook = trainer.team.agents[1].register_forward_pre_hook(lambda *_: seen.append(first[0].grad is not None))
+    try:
+        loss = trainer.training_step(model, inputs)
+    finally:
+        hook.remove()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss, grads, seen
+
+
+@pytest.mark.parametrize("loss_type", [None, "grpo"])
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_each_agents_backward_gives_the_gradient_of_the_summed_loss(
+    tiny_path, tmp_path, monkeypatch, loss_type, accumulation
+):
+    kwargs = {} if loss_type is None else {"loss_type": loss_type, "beta": 0.0}
+    trainer = _trainer(tiny_path, tmp_path, **kwargs)
+    inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+
+    loss, grads, seen = _step(trainer, inputs, accumulation)
+    assert seen and all(seen)  # the first agent was backpropagated before the second agent's forward(s)
+    monkeypatch.setattr(agent_losses, "backward_each_agent", lambda *a: False)  # one backward of the sum
+    loss_once, grads_once, seen_once = _step(trainer, inputs, accumulation)
+    assert seen_once and not any(seen_once)
+
+    torch.testing.assert_close(loss, loss_once, rtol=1e-6, atol=1e-7)
+    assert grads.keys() == grads_once.keys()
+    assert any(name.startswith("agents.0.") for name in grads) and any(name.startswith("agents.1.") for name in grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, grads_once[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def _fake(distributed_type=DistributedType.NO, n_gpu=1, optim="adamw_torch"):
+    return SimpleNamespace(
+        args=SimpleNamespace(n_gpu=n_gpu, optim=optim), accelerator=SimpleNamespace(distributed_type=distributed_type)
+    )
+
+
+@pytest.mark.parametrize(
+    "case, allowed",
+    [
+        ({}, True),
+        ({"distributed_type": DistributedType.MULTI_CPU}, False),
+        ({"distributed_type": DistributedType.MULTI_GPU}, False),
+        ({"distributed_type": DistributedType.DEEPSPEED}, False),
+        ({"distributed_type": DistributedType.FSDP}, False),
+        ({"n_gpu": 2}, False),  # DataParallel
+        ({"optim": "lomo"}, False),
+        ({"optim": "adalomo"}, False),
+    ],
+)
+def test_each_agent_is_backpropagated_alone_only_where_the_engine_allows_it(case, allowed):
+    assert agent_losses.backward_each_agent(_fake(**case), ["a", "b"]) is allowed
+    assert agent_losses.backward_each_agent(_fake(**case), ["a", None]) is False  # one agent scored: nothing to gain
+    with torch.no_grad():
+        assert agent_losses.backward_each_agent(_fake(**case), ["a", "b"]) is False
+
+
+def test_a_skipped_agent_is_left_out_of_the_sum(tiny_path, tmp_path):
+    """An agent whose batch is None contributes nothing; the others are backpropagated as usual."""
+    trainer = _trainer(tiny_path, tmp_path)
+    calls = []
+
+    def model(batches, **_):
+        calls.append([b is not None for b in batches])
+        return {"logprobs": [None if b is None else b * 1.0 for b in batches]}
+
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    trainer.current_gradient_accumulation_steps = 2
+    loss, out = agent_losses.sum_of_agent_losses(trainer, model, [x, None, 3 * x], lambda i, o: o["logprobs"][i].sum())
+    assert calls == [[True, False, False], [False, False, True]]
+    assert out["logprobs"][1] is None and torch.equal(out["logprobs"][2].detach(), 3 * x.detach())
+    assert loss.item() == pytest.approx(12.0)
+    torch.testing.assert_close(x.grad, torch.full((2,), 0.5))  # the first term, divided by the 2 micro-steps
+    loss.backward()
+    torch.testing.assert_close(x.grad, torch.full((2,), 3.5))
