@@ -85,6 +85,32 @@ def test_shared_prompts_and_chunks_give_the_plain_forward_scores_and_gradients(m
     torch.testing.assert_close(grads(model, weighted(logp, batch)), expected_grad, rtol=1e-5, atol=2e-4)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_last_completion_token_is_not_run(model, monkeypatch, shared):
+    """Nothing the last completion token predicts is scored, so no forward runs it: the completion forward of the
+    shared path takes C - 1 tokens, the plain one P + C - 1 (each token also costs its backward). The scores are
+    still the plain forward's, completions of one token included."""
+    if not shared:
+        monkeypatch.setattr(scoring, "prompt_groups", lambda b: torch.ones(b.input_ids.shape[0], dtype=torch.long))
+    widths: list[int] = []
+    hook = model.model.register_forward_pre_hook(
+        lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        for batch in (grouped_batch(G=4), grouped_batch(G=4, seed=1)):
+            widths.clear()
+            logp = score_completions(model, batch, 0.7)[0]
+            P, C = batch.input_ids.shape[1] - batch.num_completion_tokens, batch.num_completion_tokens
+            assert widths == ([P, C - 1] if shared else [P + C - 1])
+            mask = batch.completion_mask.bool()
+            assert torch.allclose(logp[mask], plain_scores(model, batch)[mask], atol=1e-5)
+    finally:
+        hook.remove()
+    one = collate_agent_batch([torch.tensor([5, 6, 7])] * 2, [torch.tensor([9]), torch.tensor([11])], 0)
+    logp = score_completions(model, one, 0.7)[0]
+    assert logp.shape == (2, 1) and torch.allclose(logp, plain_scores(model, one), atol=1e-5)
+
+
 def test_chunked_scoring_keeps_one_chunk_of_activations(model):
     """What the forward keeps for the backward (autograd's saved tensors): with chunks of 2 rows, the checkpointed
     chunks keep their inputs only, so the peak is a fraction of the one-forward graph's."""

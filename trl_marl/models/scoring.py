@@ -90,9 +90,11 @@ def _activation_checkpointing(model: nn.Module) -> bool:
 
 def completion_logits(model: nn.Module, batch: AgentBatch) -> torch.Tensor:
     """`(B, C, V)` logits predicting each completion token (position t of a row predicts its completion token t), from
-    one forward over `[prompt | completion]`, or with each group's prompt run once (module docstring). `batch` must be
-    on the model's device. Position ids follow the attention mask (as `generate` computes them for left-padded
-    prompts), so the scores match what the policy sampled."""
+    one forward over `[prompt | completion]` without the last completion token (nothing it predicts is scored: one
+    token per row less to run forward and backward), or with each group's prompt run once (module docstring).
+    `batch` must be on the model's device. Position ids follow the attention mask (as `generate` computes them for
+    left-padded prompts), so the scores match what the policy sampled; causal attention makes every kept position's
+    logits those of the full sequence."""
     C = batch.num_completion_tokens
     P = batch.input_ids.shape[1] - C
     position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -108,24 +110,27 @@ def completion_logits(model: nn.Module, batch: AgentBatch) -> torch.Tensor:
         )
         cache = getattr(prompt, cache_argument(), None)
         if is_dynamic_cache(cache):
+            first_token = prompt.logits.repeat_interleave(counts, dim=0)
+            if C == 1:
+                return first_token
             cache.batch_repeat_interleave(counts)
             out = model(
-                input_ids=batch.input_ids[:, P:],
-                attention_mask=batch.attention_mask,
-                position_ids=position_ids[:, P:],
+                input_ids=batch.input_ids[:, P:-1],
+                attention_mask=batch.attention_mask[:, :-1],
+                position_ids=position_ids[:, P:-1],
                 use_cache=True,
-                logits_to_keep=C,
+                logits_to_keep=C - 1,
                 **{cache_argument(): cache},
             )
-            return torch.cat([prompt.logits.repeat_interleave(counts, dim=0), out.logits[:, :-1]], dim=1)
+            return torch.cat([first_token, out.logits], dim=1)
     out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=C + 1,
+        input_ids=batch.input_ids[:, :-1],
+        attention_mask=batch.attention_mask[:, :-1],
+        position_ids=position_ids[:, :-1],
+        logits_to_keep=C,
         use_cache=False,
     )
-    return out.logits[:, :-1, :]
+    return out.logits
 
 
 def _score(model: nn.Module, batch: AgentBatch, temperature: float, entropy: bool, entropy_grad: bool = False):
