@@ -140,10 +140,12 @@ class MemoryEstimate:
 
 MMAP_THRESHOLD = 128 << 10  # bytes: host allocations from this size on get pages of their own
 # One process: only allocations of activation size get pages of their own (the team's loss forward, the optimizer's
-# temporaries); below it glibc's heap stays (mapping every parameter-sized tensor made a step ~30% slower). Measured on
-# the model-shaped 2-agent team (hidden 512, 8 layers): peak RSS 1497 -> 1389 MB at 1 MiB, 1386 MB at 512 KiB, 1481 MB
-# at 2 MiB (benchmarks/comlrl_side_by_side.py, docs/scaling.md).
-ONE_PROCESS_MMAP_THRESHOLD = 1 << 20
+# temporaries); below it glibc's heap stays (mapping every allocation, 128 KiB, made a step ~30% slower). Measured on
+# the model-shaped 2-agent team (hidden 512, 8 layers, 32 rows x 16 tokens): peak RSS 1497 -> 1389 MB at 1 MiB,
+# 1386 MB at 512 KiB, 1481 MB at 2 MiB. At 1 MiB a step one token shorter (its row activations 960 KiB, the scoring
+# that skips the last completion token) put them back on the heap: 1460-1491 MB; at 512 KiB 1357-1360 MB
+# (benchmarks/comlrl_side_by_side.py, docs/scaling.md).
+ONE_PROCESS_MMAP_THRESHOLD = 512 << 10
 _HEAP_THRESHOLD = 32 << 20  # glibc's largest M_MMAP_THRESHOLD on 64-bit: below it, allocations come from the heap
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters
 _M_TRIM_THRESHOLD = -1
