@@ -14,7 +14,7 @@
 | reward model | the joint reward model MARLHF scores rollouts with (whole on every rank under DDP / ZeRO-2) | ZeRO-3, FSDP2 |
 | generation gather | full weights of the ONE agent that generates (ZeRO-3, FSDP2) | (is the gather) |
 | KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows | none |
-| activations | every agent's forward graph of one training step, kept until the one backward (logits included) | none |
+| activations | every agent's forward graph of one training step, kept until the one backward (logits included; an upper bound for one-process REINFORCE-family runs, which backpropagate one agent at a time: `trl_marl.trainers.agent_losses`) | none |
 | training gather | ZeRO-3 / FSDP2 in the training step: two decoder layers of full weights (the one computing and the one prefetched; trl_marl sets ZeRO-3's live-parameter window to one layer, `trl_marl.distributed.zero3.fill_bucket_sizes`) | (is the gather) |
 | loading | host memory while the trainer is built (before the first step): what each rank holds of the agents, references and critics as they are loaded; see below | ZeRO-3 with `zero3_init_flag` |
 | optimizer step | AdamW's step: a temporary the size of what it updates at once, in fp32 (`sqrt` of the second moment): a parameter group with torch's foreach kernels (GPUs), one tensor on the CPU, where DeepSpeed's flat partition of a group IS one tensor; trl_marl has one group per agent, so one agent's trainable parameters x 4 bytes (an upper bound for DDP / FSDP2 on the CPU) | ZeRO-2, ZeRO-3, FSDP2 |
