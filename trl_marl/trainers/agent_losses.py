@@ -65,17 +65,16 @@ def sum_of_agent_losses(
     if not backward_each_agent(trainer, batches):
         out = model(batches, **forward_kwargs)
         losses = [agent_loss(i, out) for i in scored]
-        return sum(loss.to(losses[0].device) for loss in losses), out
-    merged: dict[str, list] = {}
-    losses = []
-    scale = getattr(trainer, "current_gradient_accumulation_steps", trainer.args.gradient_accumulation_steps)
-    for i in scored:
-        out = model([b if j == i else None for j, b in enumerate(batches)], **forward_kwargs)
-        for key, values in out.items():
-            merged.setdefault(key, [None] * len(batches))[i] = values[i]
-        loss_i = agent_loss(i, out)
-        if i != scored[-1]:
-            trainer.accelerator.backward(loss_i / scale)  # frees agent i's graph before the next agent's forward
-            loss_i = loss_i.detach()
-        losses.append(loss_i)
-    return sum(loss.to(losses[-1].device) for loss in losses), merged
+    else:
+        out, losses = {}, []
+        scale = getattr(trainer, "current_gradient_accumulation_steps", trainer.args.gradient_accumulation_steps)
+        for i in scored:
+            out_i = model([b if j == i else None for j, b in enumerate(batches)], **forward_kwargs)
+            for key, values in out_i.items():
+                out.setdefault(key, [None] * len(batches))[i] = values[i]
+            loss_i = agent_loss(i, out_i)
+            if i != scored[-1]:
+                trainer.accelerator.backward(loss_i / scale)  # frees agent i's graph before the next agent's forward
+                loss_i = loss_i.detach()
+            losses.append(loss_i)
+    return sum(loss.to(losses[0].device) for loss in losses), out
