@@ -4,6 +4,7 @@ where the engine allows several backward passes per step."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +19,7 @@ def _trainer(tiny_path, tmp_path, **overrides):
     from trl_marl import MAGRPOConfig, MAGRPOTrainer
 
     args = cpu_args(MAGRPOConfig, tmp_path, num_generations=3, rollout_buffer_size=3, **overrides)
-    prompts = [{"prompt": p} for p in ("the cat", "a long way home", "sing")]
+    prompts = [{"prompt": p} for p in ("the cat", "a long way home", "sing", "a dog", "the sea", "rain")]
     return MAGRPOTrainer(model=tiny_path, reward_funcs=letters_reward, args=args, train_dataset=prompts)
 
 
@@ -105,3 +106,98 @@ def test_a_skipped_agent_is_left_out_of_the_sum(tiny_path, tmp_path):
     torch.testing.assert_close(x.grad, torch.full((2,), 0.5))  # the first term, divided by the 2 micro-steps
     loss.backward()
     torch.testing.assert_close(x.grad, torch.full((2,), 3.5))
+
+
+# ------------------------------------------------------------------------------------------ each agent's step
+def _trained(tiny_path, tmp_path, early: bool, monkeypatch, **overrides):
+    """A 3-step run; `early=False` makes the transformers loop step every agent (the engines' way)."""
+    with monkeypatch.context() as patch:
+        if not early:
+            patch.setattr(agent_losses, "step_each_agent", lambda *a: False, raising=False)  # old code: no such step
+        trainer = _trainer(tiny_path, tmp_path / ("early" if early else "loop"), max_steps=3, **overrides)
+        first = list(trainer.team.agents[0].parameters())
+        seen: dict[int, set[bool]] = {}  # micro-step -> at agent 2's forwards, whether agent 1's gradient was there
+
+        def look(*_):
+            if torch.is_grad_enabled():
+                seen.setdefault(trainer._step, set()).add(first[0].grad is not None)
+
+        hook = trainer.team.agents[1].register_forward_pre_hook(look)
+        trainer.train()
+        hook.remove()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    return trainer, logs, [seen[k] for k in sorted(seen)]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"max_grad_norm": 0.05},  # clipping bites: each agent by its own norm
+        {"max_grad_norm": 0.0},  # no clipping
+        {"max_grad_norm": 0.05, "gradient_accumulation_steps": 2},
+        {"max_grad_norm": 0.05, "loss_type": "grpo", "beta": 0.0},
+    ],
+    ids=["clipped", "unclipped", "accumulated", "grpo"],
+)
+def test_each_agents_early_step_is_the_loops_step(tiny_path, tmp_path, monkeypatch, overrides):
+    """On one process each agent but the last takes its optimizer step right after its backward and its gradients
+    are freed before the next agent's forward; the weights, losses and logged gradient norms after 3 steps are those
+    of the transformers loop stepping the whole team (the old code: the first agent's gradients held through the
+    second agent's forward and backward)."""
+    early, early_logs, early_seen = _trained(tiny_path, tmp_path, True, monkeypatch, **overrides)
+    loop, loop_logs, loop_seen = _trained(tiny_path, tmp_path, False, monkeypatch, **overrides)
+
+    accumulation = overrides.get("gradient_accumulation_steps", 1)
+    # at the micro-step that ends with the optimizer step the first agent's gradients are gone when agent 2 starts;
+    # on the others (accumulation) they must stay, to be accumulated
+    expected = [{k % accumulation != accumulation - 1} for k in range(3 * accumulation)]
+    assert early_seen == expected
+    assert loop_seen == [{True}] * (3 * accumulation)
+
+    for (name, p), q in zip(early.team.named_parameters(), loop.team.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
+    assert len(early_logs) == len(loop_logs) == 3
+    for a, b in zip(early_logs, loop_logs):
+        for key in ("loss", "grad_norm", "agent_1/grad_norm", "agent_2/grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5), key
+    assert early_logs[0]["agent_1/grad_norm"] > 0.05  # the clipping was active
+
+
+def test_each_agents_early_step_only_where_the_loop_would_step_alike(tiny_path, tmp_path):
+    """Not on a micro-step that only accumulates, not with a gradient scaler (fp16), not for agents sharing one base
+    (clipped together), not with an optimizer outside `torch.optim` (its update might read other gradients)."""
+    trainer = _trainer(tiny_path, tmp_path)
+    trainer.create_optimizer()
+    assert agent_losses.step_each_agent(trainer)
+    trainer.accelerator.gradient_state._set_sync_gradients(False)
+    assert not agent_losses.step_each_agent(trainer)
+    trainer.accelerator.gradient_state._set_sync_gradients(True)
+    trainer.accelerator.scaler = object()
+    assert not agent_losses.step_each_agent(trainer)
+    trainer.accelerator.scaler = None
+
+    class Outside(torch.optim.SGD):
+        pass
+
+    Outside.__module__ = "my_optimizers"
+    trainer.optimizer = Outside(trainer.team.parameters(), lr=0.1)
+    assert not agent_losses.step_each_agent(trainer)
+
+
+def test_each_agents_early_step_leaves_other_gradients_alone(tiny_path, tmp_path):
+    """The optimizer steps agent i only: another parameter's gradient (a later agent's, accumulated over earlier
+    micro-steps) is neither applied nor lost, and agent i's gradients are freed."""
+    trainer = _trainer(tiny_path, tmp_path, max_grad_norm=0.0)
+    trainer.create_optimizer()
+    mine = [p for _, p in trainer.team.agent_named_parameters(0)]
+    other = [p for _, p in trainer.team.agent_named_parameters(1)]
+    for p in mine + other:
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in mine + other]
+    kept = [p.grad for p in other]
+    agent_losses.optimizer_step_of_agent(trainer, 0, torch.tensor(1.0))
+    assert all(p.grad is None for p in mine)
+    assert all(p.grad is g for p, g in zip(other, kept))
+    assert all(not torch.equal(p, b) for p, b in zip(mine, before[: len(mine)]) if p.requires_grad)
+    assert all(torch.equal(p, b) for p, b in zip(other, before[len(mine) :]))
+    assert trainer._early_grad_norms == [pytest.approx(math.sqrt(sum(p.numel() for p in mine)))]

@@ -49,29 +49,36 @@ def test_a_diverging_learning_rate_stops_the_run_before_anything_non_finite_is_s
         trainer.train()
     message = str(err.value)
     assert re.search(r"MAGRPOTrainer: optimizer step 2: the (loss|gradient norm) is nan", message), message
-    assert "non-finite gradient in agent_1, agent_2" in message
+    # agent_1's gradient is checked when it takes its step, right after its backward (`agent_losses.step_each_agent`)
+    assert "non-finite gradient in agent_1" in message and "had already taken it" not in message
     assert "learning rate too high (learning_rate=1e+30)" in message and "rewards too large" in message
     assert f"resume from {tmp_path / 'out' / 'checkpoint-1'}" in message
     checkpoints = sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*"))
     assert checkpoints == ["checkpoint-1"] and _all_finite(tmp_path / "out" / "checkpoint-1")
 
 
-def test_a_non_finite_gradient_names_its_agent_and_is_never_applied(tmp_path):
+@pytest.mark.parametrize("agent", [0, 1])
+def test_a_non_finite_gradient_names_its_agent_and_is_never_applied(tmp_path, agent):
     """One agent's gradient becomes inf while the loss stays finite: the optimizer step is refused, naming that
-    agent; no weight moved."""
+    agent, and no weight of it moved. On one process each agent but the last takes its step right after its
+    backward (`trl_marl.trainers.agent_losses`): an inf in the first agent stops the run before anything moved; an
+    inf in the second stops it after the first agent's (finite) update, which the error names."""
     from trl_marl.trainers.finite import NonFiniteError
 
     trainer = _magrpo(tmp_path)
     before = {k: v.clone() for k, v in trainer.team.state_dict().items()}
-    param = next(p for _, p in trainer.team.agent_named_parameters(1))
+    param = next(p for _, p in trainer.team.agent_named_parameters(agent))
     param.register_hook(lambda g: torch.full_like(g, float("inf")))
+    stopped = "training stopped before the step was applied"
+    if agent == 1:
+        stopped += r" to the other agents \(agent_1 had already taken it in memory"
     with pytest.raises(
         NonFiniteError,
-        match=r"optimizer step 1: the gradient norm is inf \(non-finite gradient in "
-        r"agent_2\); training stopped before the step was applied",
+        match=rf"optimizer step 1: the gradient norm is inf \(non-finite gradient in agent_{agent + 1}\); {stopped}",
     ):
         trainer.train()
-    assert all(torch.equal(before[k], v) for k, v in trainer.team.state_dict().items())
+    moved = {k.split(".")[1] for k, v in trainer.team.state_dict().items() if not torch.equal(before[k], v)}
+    assert moved == ({"0"} if agent == 1 else set())
 
 
 def test_non_finite_weights_are_never_saved(tmp_path):

@@ -5,7 +5,7 @@
 | part | what | sharded over ranks by |
 |---|---|---|
 | weights | n agents (one base + n adapters for a shared-base LoRA team) | ZeRO-3, FSDP2 |
-| gradients | the trainable parameters' gradients | ZeRO-2, ZeRO-3, FSDP2 |
+| gradients | the trainable parameters' gradients (an upper bound for one-process REINFORCE-family runs, which hold one agent's at a time: `trl_marl.trainers.agent_losses`) | ZeRO-2, ZeRO-3, FSDP2 |
 | comm buffers | DDP over several ranks: its gradient buckets, a second copy of the gradients (`gradient_as_bucket_view` off, accelerate's default) | none |
 | master weights | DeepSpeed (ZeRO-2 / ZeRO-3): an fp32 copy of the trainable parameters' partition, 4 bytes each, ALSO for fp32 weights (see below) | ZeRO-2, ZeRO-3 |
 | optimizer | AdamW's two fp32 moments per trainable parameter | ZeRO-2, ZeRO-3, FSDP2 |

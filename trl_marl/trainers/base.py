@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedModel
 from trl.trainer.base_trainer import _BaseTrainer
 
+import trl_marl.trainers.agent_losses as agent_losses
 import trl_marl.trainers.arguments as arguments
 import trl_marl.trainers.building as building
 import trl_marl.trainers.checkpoints as checkpoints
@@ -228,6 +229,8 @@ class MultiAgentTrainer(_BaseTrainer):
             shard_team(self.model, self.accelerator)
         self._buffered: list | None = None
         self._step = 0
+        self._early_grad_norms: list[float] = []  # this step's agents stepped early (`record_early_agent_step`)
+        self._agents_stepped_early: list[str] = []
         self._stream_round = 0  # the round whose random streams are drawn from now (iterative trainers; else 0)
         # one random stream per purpose (trl_marl.data_types.rng); saved with every checkpoint
         self.rng_streams = RNGStreams(
@@ -327,8 +330,20 @@ class MultiAgentTrainer(_BaseTrainer):
 
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm)
+        if self._early_grad_norms:  # agents stepped right after their backward (`agent_losses.step_each_agent`)
+            grad_norm = agent_losses.combined_grad_norm(grad_norm, self._early_grad_norms)
+            self._early_grad_norms = []
         finite.check_grad_norm(self, grad_norm)  # before the optimizer step applies it
         return grad_norm
+
+    def record_early_agent_step(self, i: int, grad_norm: float) -> None:
+        """Agent i took its part of this optimizer step right after its backward (`agent_losses.
+        optimizer_step_of_agent`), its pre-clip gradient norm `grad_norm`: logged as `agent_{i+1}/grad_norm` and in
+        the step's `grad_norm`, and named if a later check stops the step (`finite`)."""
+        self._early_grad_norms.append(grad_norm)
+        self._agents_stepped_early.append(f"agent_{i + 1}")
+        if self._will_log():
+            self._metrics.record_grad_norm(f"agent_{i + 1}", grad_norm)
 
     def _grad_norm_modules(self) -> list[tuple[str, nn.Module]]:
         """The modules whose gradient norm is logged (`<name>/grad_norm`): the agents, plus critics and value heads."""
@@ -390,6 +405,7 @@ class MultiAgentTrainer(_BaseTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         t0 = time.perf_counter()
         self._metrics.step_rollout_seconds = 0.0
+        self._early_grad_norms, self._agents_stepped_early = [], []
         loss = super().training_step(model, inputs, num_items_in_batch)
         finite.check_loss(self, loss)  # a non-finite loss stops the run before the optimizer step
         self._step += 1

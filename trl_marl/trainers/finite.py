@@ -1,6 +1,7 @@
 """Stopping a diverged run: a training step that produces a non-finite loss, gradient or weight ends the run with a
 `NonFiniteError` naming the module (agent, critic), the step and what was non-finite, BEFORE the optimizer applies
-it and before anything non-finite is saved.
+it and before anything non-finite is saved. (On one process the agents before the failing one have taken their
+part of the step right after their backward, `trl_marl.trainers.agent_losses`; the error names them.)
 
 Each check rides on a value the step computes anyway, so a healthy step pays one scalar test per check:
 
@@ -65,9 +66,15 @@ def _raise(trainer: Any, what: str) -> None:
     step = trainer.state.global_step + 1
     bad = _modules_with_bad_grads(trainer)
     where = f" (non-finite gradient in {', '.join(bad)})" if bad else ""
+    stopped = "training stopped before the step was applied"
+    early = getattr(trainer, "_agents_stepped_early", None)
+    if early:  # one process steps each agent right after its backward (`trl_marl.trainers.agent_losses`)
+        stopped += (
+            f" to the other agents ({', '.join(early)} had already taken it in memory, right after "
+            "their backward; the checkpoints on disk predate it)"
+        )
     raise NonFiniteError(
-        f"{type(trainer).__name__}: optimizer step {step}: {what}{where}; training stopped before the step was "
-        f"applied. {_advice(trainer)}"
+        f"{type(trainer).__name__}: optimizer step {step}: {what}{where}; {stopped}. {_advice(trainer)}"
     )
 
 

@@ -231,11 +231,16 @@ class MetricsRecorder:
             m["entropy"].append(sum(e for _, e in seen) / len(seen))
 
     def record_grad_norms(self, modules: Iterable[tuple[str, nn.Module]]) -> None:
-        """`<name>/grad_norm`: the norm of each module's gradients (before clipping)."""
+        """`<name>/grad_norm`: the norm of each module's gradients (before clipping); a module without gradients
+        (none, or an agent already stepped: `record_grad_norm`) records nothing."""
         for name, module in modules:
             grads = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
             if grads:
-                self._values["train"][f"{name}/grad_norm"].append(torch.stack(grads).norm().item())
+                self.record_grad_norm(name, torch.stack(grads).norm().item())
+
+    def record_grad_norm(self, name: str, norm: float) -> None:
+        """`<name>/grad_norm` = `norm`, the module's pre-clip gradient norm of this optimizer step."""
+        self._values["train"][f"{name}/grad_norm"].append(float(norm))
 
     # ------------------------------------------------------------------ logging
     def summary(self, mode: str, env_step: int = 0, optimizer: Any = None, state: Any = None) -> dict[str, float]:
