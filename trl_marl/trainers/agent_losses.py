@@ -100,8 +100,8 @@ def optimizer_step_of_agent(trainer: Any, i: int, loss: torch.Tensor) -> None:
     finite.check_grad_norm(trainer, norm)
     trainer.record_early_agent_step(i, norm)
     own = set(params)
-    aside = [(p, p.grad) for g in trainer.optimizer.param_groups for p in g["params"]]
-    aside = [(p, grad) for p, grad in aside if grad is not None and p not in own]
+    groups = trainer.optimizer.param_groups
+    aside = [(p, p.grad) for g in groups for p in g["params"] if p.grad is not None and p not in own]
     for p, _ in aside:
         p.grad = None
     try:
