@@ -51,7 +51,7 @@ def test_each_agents_backward_gives_the_gradient_of_the_summed_loss(
 
     loss, grads, seen = _step(trainer, inputs, accumulation)
     assert seen and all(seen)  # the first agent was backpropagated before the second agent's forward(s)
-    monkeypatch.setattr(agent_losses, "backward_each_agent", lambda *a: False)  # one backward of the sum
+    monkeypatch.setattr(agent_losses, "backward_each_part", lambda *a: False)  # one backward of the sum
     loss_once, grads_once, seen_once = _step(trainer, inputs, accumulation)
     assert seen_once and not any(seen_once)
 
@@ -60,6 +60,52 @@ def test_each_agents_backward_gives_the_gradient_of_the_summed_loss(
     assert any(name.startswith("agents.0.") for name in grads) and any(name.startswith("agents.1.") for name in grads)
     for name, g in grads.items():
         torch.testing.assert_close(g, grads_once[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"loss_type": "grpo", "beta": 0.04, "entropy_coef": 0.01, "mask_truncated_completions": True},
+        {"loss_type": "dapo", "num_iterations": 2},
+        {"loss_type": "bnpo"},
+    ],
+    ids=["seed", "grpo-kl-entropy", "dapo-old-logps", "bnpo"],
+)
+def test_an_agents_rows_in_parts_give_the_whole_batchs_loss_gradient_and_metrics(
+    tiny_path, tmp_path, monkeypatch, overrides
+):
+    """`logprob_batch_size=3` cuts each agent's 9 rows into 3 parts, each backpropagated right after its forward
+    (the first part's gradient is there when the second part runs); the loss, every gradient and every logged metric
+    equal those of one forward per agent (the old code)."""
+    trainer = _trainer(tiny_path, tmp_path, logprob_batch_size=3, **overrides)
+    inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    first = list(trainer.team.agents[0].parameters())
+
+    def step():
+        trainer._metrics["train"].clear()
+        seen: list[bool] = []
+        hook = trainer.team.agents[0].register_forward_pre_hook(lambda *_: seen.append(first[0].grad is not None))
+        try:
+            loss, grads, _ = _step(trainer, inputs, 1)
+        finally:
+            hook.remove()
+        return loss, grads, {k: list(v) for k, v in trainer._metrics["train"].items()}, seen
+
+    loss, grads, metrics, seen = step()
+    assert False in seen and True in seen  # part 1 backpropagated before part 2's forward
+    monkeypatch.setattr(agent_losses, "backward_parts", lambda model, batch, rows: [(0, len(batch.input_ids))])
+    loss_whole, grads_whole, metrics_whole, seen_whole = step()
+    assert not any(seen_whole)
+
+    torch.testing.assert_close(loss, loss_whole, rtol=1e-5, atol=1e-7)
+    assert grads.keys() == grads_whole.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, grads_whole[name], rtol=1e-4, atol=1e-7, msg=name)
+    assert metrics.keys() == metrics_whole.keys()
+    assert {"agent_1/loss", "agent_2/entropy", "entropy"} <= metrics.keys()
+    for key, values in metrics.items():
+        assert values == pytest.approx(metrics_whole[key], rel=1e-5, abs=1e-7, nan_ok=True), key
 
 
 def _fake(distributed_type=DistributedType.NO, n_gpu=1, optim="adamw_torch"):
@@ -82,10 +128,11 @@ def _fake(distributed_type=DistributedType.NO, n_gpu=1, optim="adamw_torch"):
     ],
 )
 def test_each_agent_is_backpropagated_alone_only_where_the_engine_allows_it(case, allowed):
-    assert agent_losses.backward_each_agent(_fake(**case), ["a", "b"]) is allowed
-    assert agent_losses.backward_each_agent(_fake(**case), ["a", None]) is False  # one agent scored: nothing to gain
+    assert agent_losses.backward_each_part(_fake(**case), ["a", "b"]) is allowed
+    assert agent_losses.backward_each_part(_fake(**case), ["a", None]) is allowed  # one agent: its rows in parts
+    assert agent_losses.backward_each_part(_fake(**case), [None, None]) is False
     with torch.no_grad():
-        assert agent_losses.backward_each_agent(_fake(**case), ["a", "b"]) is False
+        assert agent_losses.backward_each_part(_fake(**case), ["a", "b"]) is False
 
 
 def test_a_skipped_agent_is_left_out_of_the_sum(tiny_path, tmp_path):
@@ -99,10 +146,13 @@ def test_a_skipped_agent_is_left_out_of_the_sum(tiny_path, tmp_path):
 
     x = torch.tensor([1.0, 2.0], requires_grad=True)
     trainer.current_gradient_accumulation_steps = 2
-    loss, out = agent_losses.sum_of_agent_losses(trainer, model, [x, None, 3 * x], lambda i, o: o["logprobs"][i].sum())
+    loss, out, losses = agent_losses.sum_of_agent_losses(
+        trainer, model, [x, None, 3 * x], lambda i, o, rows: o["logprobs"][i][rows].sum()
+    )
     assert calls == [[True, False, False], [False, False, True]]
     assert out["logprobs"][1] is None and torch.equal(out["logprobs"][2].detach(), 3 * x.detach())
     assert loss.item() == pytest.approx(12.0)
+    assert losses[1] is None and [losses[0].item(), losses[2].item()] == pytest.approx([3.0, 9.0])
     torch.testing.assert_close(x.grad, torch.full((2,), 0.5))  # the first term, divided by the 2 micro-steps
     loss.backward()
     torch.testing.assert_close(x.grad, torch.full((2,), 3.5))

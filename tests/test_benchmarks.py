@@ -103,6 +103,10 @@ SMALLEST = {
     "sandbox.py": ["--passes", "1", "--workers", "1", "--only", "canonical"],  # needs bubblewrap: _cannot_run_here
     "agentic.py": ["--prompts", "1", "--repeats", "1", "--max_completion_length", "4"],
     "checkpoint_cost.py": ["--repeats", "1", "--shapes", "tiny"],
+    "backward_parts.py": [
+        *("--prompts_per_step", "1", "--steps", "1", "--warmup", "1", "--tokens", "4"),
+        *("--rounds", "1", "--logprob_batch_size", "2"),  # 4 rows in parts of 2
+    ],
     "memory_table.py": [],  # estimates only: no model is built
 }
 # Scripts CI's main venv cannot run, and why; the default suite checks that they compile and answer `--help`.

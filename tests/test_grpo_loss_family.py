@@ -19,6 +19,7 @@ import torch
 from trl_marl.algorithms import group_advantages, policy_gradient_loss, sequence_logprobs
 from trl_marl.algorithms.grpo import (
     LOSS_TYPES,
+    BatchTotals,
     GRPOLossSettings,
     adaptive_entropy_coef,
     dapo_normalizer,
@@ -655,3 +656,60 @@ def test_coming_from_grpo_trainer_table_covers_every_field():
     assert sorted(named) == sorted(own), set(named) ^ set(own)
     for name in own:
         assert name in ours or name in TRL_CONFIG_SETTINGS, name
+
+
+# ------------------------------------------------------------------------------------------ a batch in parts
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"beta": 0.04, "entropy_coef": 0.01}, {"importance_sampling_level": "sequence", "delta": 1.5}],
+    ids=["plain", "kl-entropy", "sequence"],
+)
+def test_the_losses_of_a_batchs_parts_add_up_to_its_loss(loss_type, overrides):
+    """With the batch's totals (`BatchTotals`) the parts of a batch (rows cut anywhere, one part with no scored
+    token) give losses that add up to the batch's loss, and gradients that add up to its gradient."""
+    if loss_type == "vespo" and overrides.get("importance_sampling_level") == "sequence":
+        pytest.skip("vespo is token-level")
+    settings = GRPOLossSettings(loss_type=loss_type, max_completion_length=7, **overrides)
+    g = torch.Generator().manual_seed(3)
+    B, T = 9, 7
+    logps = (-torch.rand(B, T, generator=g) * 3).requires_grad_(True)
+    old = logps.detach() + 0.3 * torch.randn(B, T, generator=g)
+    ref = logps.detach() + 0.2 * torch.randn(B, T, generator=g)
+    entropies = torch.rand(B, T, generator=g).requires_grad_(True)
+    adv = torch.randn(B, generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.3).float()
+    mask[4] = 0.0  # a row with nothing scored
+    kwargs = dict(settings=settings, token_normalizer=None if loss_type != "dapo" else torch.tensor(23.0))
+
+    def loss_of(rows, totals=None):
+        return grpo_loss(
+            logps[rows], adv[rows], mask[rows], old_logps=old[rows], ref_logps=ref[rows], entropies=entropies[rows],
+            totals=totals, **kwargs,
+        )[0]  # fmt: skip
+
+    whole = loss_of(slice(None))
+    whole_grads = torch.autograd.grad(whole, [logps, entropies], allow_unused=True)
+    totals = BatchTotals(B, float(mask.sum()))
+    parts = [loss_of(slice(a, b), totals) for a, b in ((0, 4), (4, 5), (5, 9))]
+    part_grads = torch.autograd.grad(sum(parts), [logps, entropies], allow_unused=True)
+    torch.testing.assert_close(sum(parts), whole, rtol=1e-6, atol=1e-7)
+    for a, b in zip(part_grads, whole_grads):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+
+
+def test_the_entropy_quantile_refuses_parts():
+    """`top_entropy_quantile < 1` takes its quantile over the whole batch: a part's loss would use another one."""
+    settings = GRPOLossSettings(loss_type="grpo", top_entropy_quantile=0.5)
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="top_entropy_quantile"):
+        grpo_loss(x, torch.zeros(2), torch.ones(2, 3), settings, entropies=x, totals=BatchTotals(4, 12.0))
+
+
+def test_a_part_of_the_seed_loss_is_its_share():
+    seq, adv = torch.tensor([1.0, -2.0, 3.0, 0.5]), torch.tensor([0.5, 1.0, -1.0, 2.0])
+    parts = policy_gradient_loss(seq[:1], adv[:1], 4) + policy_gradient_loss(seq[1:], adv[1:], 4)
+    assert parts.item() == pytest.approx(policy_gradient_loss(seq, adv).item())

@@ -201,3 +201,19 @@ def test_shared_prefill_generates_the_samples_of_plain_generate(model):
         hf._shared_prefill = original
     assert shared.shape == plain.shape == (12, 8)
     assert torch.equal(shared, plain)
+
+
+def test_backward_parts_are_whole_prompt_groups_sized_from_the_budget(model, monkeypatch):
+    """The parts of a loss backpropagated part by part: `logprob_batch_size` rows each; None: the batch whole within
+    the budget, above it as many whole prompt groups as the budget holds (rows where a group does not fit)."""
+    batch = grouped_batch(G=4)
+    assert scoring.backward_parts(model, batch, rows=5) == [(0, 5), (5, 10), (10, 12)]
+    assert scoring.backward_parts(model, batch) == [(0, 12)]  # the tiny model's budget holds it
+    per_row, group = scoring._per_row(model, batch)
+    monkeypatch.setattr(scoring, "budget_bytes", lambda m: 9 * per_row)  # 9 rows: two groups of 4
+    assert scoring.backward_parts(model, batch) == [(0, 8), (8, 12)]
+    monkeypatch.setattr(scoring, "budget_bytes", lambda m: 3 * per_row)  # less than a group: as many rows as fit
+    assert scoring.backward_parts(model, batch) == [(0, 3), (3, 6), (6, 9), (9, 12)]
+    monkeypatch.setattr(scoring, "is_sharded", lambda m: True)
+    monkeypatch.setattr(scoring, "budget_bytes", lambda m: 1)
+    assert scoring.backward_parts(model, batch) == [(0, 12)]

@@ -36,6 +36,7 @@ __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "VLLM_IMPORTANCE_SAMPLING_MODES",
     "GRPOLossSettings",
+    "BatchTotals",
     "truncated_completions",
     "mask_truncated_completions",
     "high_entropy_mask",
@@ -352,12 +353,24 @@ def dapo_normalizer(
     return n * gradient_accumulation_steps / steps_per_generation
 
 
+@dataclass(frozen=True)
+class BatchTotals:
+    """The sizes of a whole batch when a loss is computed on a part of its rows: `rows` (B) and `tokens`, its scored
+    token count `sum_bt m_bt`. Every GRPO loss type but the entropy quantile's is a sum over rows divided by a
+    normaliser of the batch (`aggregate_loss`); computed with the batch's normalisers, the losses of the parts of a
+    batch add up to the batch's loss (a trainer can then backpropagate each part right after its forward)."""
+
+    rows: int
+    tokens: float
+
+
 def aggregate_loss(
     per_token_loss: torch.Tensor,
     mask: torch.Tensor,
     settings: GRPOLossSettings,
     token_normalizer: float | torch.Tensor | None = None,
     gradient_accumulation_steps: int = 1,
+    totals: BatchTotals | None = None,
 ) -> torch.Tensor:
     """Reduce the per-token loss `l` (`(B, T)` or `(B, 1)`, broadcast over the mask) to the scalar TRL backpropagates:
 
@@ -369,20 +382,24 @@ def aggregate_loss(
 
     GA = `gradient_accumulation_steps` (1 in evaluation). N = `token_normalizer`, TRL's `dapo_normalizer(...)`;
     default: this batch's token count `max(sum m, 1)` (TRL's value for one process with
-    `gradient_accumulation_steps == steps_per_generation`, the default).
+    `gradient_accumulation_steps == steps_per_generation`, the default). With `totals`, the rows given are part of a
+    batch: B (the mean's count) and `sum_bt m_bt` (bnpo's, and N's default) are the batch's (`BatchTotals`).
     """
     masked = per_token_loss * mask
     lt = settings.loss_type
+    rows = mask.size(0) if totals is None else totals.rows
+    tokens = mask.sum().clamp(min=1.0) if totals is None else max(float(totals.tokens), 1.0)
     if lt in ("grpo", "sapo"):
-        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        per_row = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
+        loss = per_row.mean() if totals is None else per_row.sum() / rows
     elif lt == "bnpo":
-        loss = masked.sum() / mask.sum().clamp(min=1.0)
+        loss = masked.sum() / tokens
     elif lt == "dr_grpo":
-        loss = masked.sum() / (per_token_loss.size(0) * settings.max_completion_length)
+        loss = masked.sum() / (rows * settings.max_completion_length)
     elif lt == "luspo":
-        loss = masked.sum(-1).mean()
+        loss = masked.sum(-1).mean() if totals is None else masked.sum() / rows
     else:  # dapo, cispo, vespo
-        n = mask.sum().clamp(min=1.0) if token_normalizer is None else token_normalizer
+        n = tokens if token_normalizer is None else token_normalizer
         return masked.sum() / n
     return loss / gradient_accumulation_steps
 
@@ -392,15 +409,21 @@ def entropy_bonus(
     mask: torch.Tensor,
     entropy_mask: torch.Tensor | None = None,
     gradient_accumulation_steps: int = 1,
+    totals: BatchTotals | None = None,
 ) -> torch.Tensor:
     """TRL's entropy term `H` (the loss is `L_policy - entropy_coef * H`): the mean entropy over the tokens the
     policy term acts on, scaled for gradient accumulation only (never by the loss type's normaliser):
 
         m' = mask * entropy_mask (if top_entropy_quantile < 1) else mask
         H  = sum_bt m'_bt H_bt / max(sum m', 1) / GA
+
+    With `totals` (rows of a larger batch, no entropy mask) `sum m'` is the batch's token count.
     """
+    if totals is not None and entropy_mask is not None:
+        raise ValueError("the entropy quantile's mask needs the whole batch: no BatchTotals with an entropy_mask")
     eff = mask if entropy_mask is None else mask * entropy_mask
-    return (entropies * eff).sum() / eff.sum().clamp(min=1.0) / gradient_accumulation_steps
+    count = eff.sum().clamp(min=1.0) if totals is None else max(float(totals.tokens), 1.0)
+    return (entropies * eff).sum() / count / gradient_accumulation_steps
 
 
 def adaptive_entropy_coef(
@@ -511,6 +534,7 @@ def grpo_loss(
     token_normalizer: float | torch.Tensor | None = None,
     gradient_accumulation_steps: int = 1,
     entropy_pool: torch.Tensor | None = None,
+    totals: BatchTotals | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """TRL 1.16's `GRPOTrainer._compute_loss` for one agent's tokens: `(loss to backpropagate, metrics)`.
 
@@ -537,6 +561,9 @@ def grpo_loss(
         token_normalizer: `dapo`/`cispo`/`vespo`'s N (`dapo_normalizer`); default this batch's token count.
         gradient_accumulation_steps: GA of the other loss types and of the entropy bonus (1 in evaluation).
         entropy_pool: entropies of every scored token of all processes, for the quantile (default: this batch).
+        totals: the rows given are part of a batch of these sizes: the loss is their share of the batch's, with the
+            batch's normalisers (`BatchTotals`; not with `top_entropy_quantile < 1`, whose mask needs every row).
+            The metrics are this part's.
     """
     if (
         settings.loss_type == "vespo"
@@ -552,6 +579,8 @@ def grpo_loss(
         raise ValueError("beta > 0 needs ref_logps (the reference model's per-token log-probs)")
     if entropies is None and (settings.top_entropy_quantile < 1.0 or settings.entropy_coef != 0.0):
         raise ValueError("top_entropy_quantile < 1 and entropy_coef != 0 need the token entropies")
+    if totals is not None and settings.top_entropy_quantile < 1.0:
+        raise ValueError("top_entropy_quantile < 1 takes its quantile over the whole batch: no BatchTotals with it")
     mask = mask.to(logps.dtype)
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     adv = adv.to(logps.dtype)
@@ -575,12 +604,13 @@ def grpo_loss(
         per_token = per_token * importance_sampling_ratio
     if per_token_kl is not None:
         per_token = per_token + settings.beta * per_token_kl
-    loss = aggregate_loss(per_token, mask, settings, token_normalizer, gradient_accumulation_steps)
+    loss = aggregate_loss(per_token, mask, settings, token_normalizer, gradient_accumulation_steps, totals)
     metrics = grpo_metrics(coef_1, adv, mask, settings, entropies, per_token_kl, phi)
     if settings.entropy_coef != 0.0:
         policy_loss = loss.detach() * (1 if settings.loss_type in _TOKEN_NORMALISED else gradient_accumulation_steps)
         metrics["policy_loss"] = policy_loss
-        loss = loss - settings.entropy_coef * entropy_bonus(entropies, mask, entropy_mask, gradient_accumulation_steps)
+        bonus = entropy_bonus(entropies, mask, entropy_mask, gradient_accumulation_steps, totals)
+        loss = loss - settings.entropy_coef * bonus
     return loss, metrics
 
 

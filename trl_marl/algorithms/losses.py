@@ -45,15 +45,20 @@ DPO_LOSS_TYPES = (
 DPO_BATCH_LOSS_TYPES = ("aot", "aot_unpaired", "sft")
 
 
-def policy_gradient_loss(logprob_sums: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+def policy_gradient_loss(
+    logprob_sums: torch.Tensor, advantages: torch.Tensor, num_samples: int | None = None
+) -> torch.Tensor:
     """REINFORCE loss, averaged per sample:
 
         loss = - mean_j( logprob_sum(a_j) * A_j )
 
     `logprob_sums` are sequence log-probabilities (sum over completion tokens) and carry the gradient; advantages
-    are constants (detached here).
+    are constants (detached here). With `num_samples` (N), the samples given are some of a batch of N and the loss is
+    their share of the batch's, `- sum_j( logprob_sum(a_j) * A_j ) / N`: the shares of the parts of a batch add up to
+    its loss.
     """
-    return -(logprob_sums * advantages.detach().to(logprob_sums.dtype)).mean()
+    terms = logprob_sums * advantages.detach().to(logprob_sums.dtype)
+    return -terms.mean() if num_samples is None else -terms.sum() / num_samples
 
 
 def ppo_clip_loss(

@@ -15,13 +15,14 @@ forward per step keeps the engine's parameter fetching in its recorded order: a 
 
 **Chunks.** Without a limit one agent's whole batch is one forward, and its graph is kept until the backward: every
 agent's graph at once when one team forward scores them all, the peak of a step (on one process the REINFORCE family
-scores one agent per team forward and backpropagates it before the next: `trl_marl.trainers.agent_losses`).
+scores one agent per team forward and backpropagates it before the next, and cuts an agent's rows into the parts of
+`backward_parts`, each backpropagated right after its forward: `trl_marl.trainers.agent_losses`).
 `score_completions` cuts the rows into chunks of `rows` rows (`logprob_batch_size`); every chunk but the last runs
 under non-reentrant activation checkpointing (`torch.utils.checkpoint`): its forward keeps only its inputs and
 log-probs, and the backward recomputes its graph, one chunk at a time. The peak transient is one chunk's graph instead
 of every agent's, for one more forward of the checkpointed chunks. Without gradients (reference and gap scoring)
 chunks simply run one after another. The automatic size (`rows=None`) keeps a chunk's activations within
-`budget_bytes`: one agent's weights, at least 64 MiB, by the first-order activation formula of
+`budget_bytes`: four times one agent's weights, at least 64 MiB, by the first-order activation formula of
 `trl_marl.distributed.memory` (a batch within the budget is one chunk, as before).
 """
 
@@ -40,6 +41,8 @@ from trl_marl.distributed.collective import is_sharded
 
 __all__ = [
     "MIN_BUDGET_BYTES",
+    "backward_parts",
+    "batch_rows",
     "budget_bytes",
     "cache_argument",
     "chunk_plan",
@@ -218,7 +221,25 @@ def chunk_plan(
     return plan
 
 
-def _rows(batch: AgentBatch, start: int, stop: int) -> AgentBatch:
+def backward_parts(model: nn.Module, batch: AgentBatch, rows: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges `(start, stop)` that cut `batch` into the parts of a loss backpropagated part by part, each right
+    after its own forward (`trl_marl.trainers.agent_losses`): a step holds one part's graph, and unlike the
+    checkpointed chunks of `score_completions` nothing is recomputed. `rows` (`logprob_batch_size`) rows per part;
+    None: one part while the batch's estimated activations fit `budget_bytes(model)` (as `chunk_plan` keeps a batch
+    whole), above it as many whole prompt groups as the budget holds, at least one group (as many rows as fit where
+    a group does not). A model without a decoder config, or a sharded one, is one part."""
+    B = batch.input_ids.shape[0]
+    if rows is None:
+        estimate = None if is_sharded(model) else _per_row(model, batch)
+        if estimate is None:
+            return [(0, B)]
+        per_row, group = estimate
+        rows = max(1, budget_bytes(model) // per_row)
+        rows = rows if rows >= B or rows < group else rows - rows % group
+    return [(start, min(start + rows, B)) for start in range(0, B, rows)]
+
+
+def batch_rows(batch: AgentBatch, start: int, stop: int) -> AgentBatch:
     """Rows `start:stop` of `batch`, without the columns that are padding in all of them."""
     C = batch.num_completion_tokens
     mask = batch.attention_mask[start:stop]
@@ -259,7 +280,7 @@ def score_completions(
     logps, entropies = [], []
     starts = list(range(0, B, rows))
     for k, start in enumerate(starts):
-        chunk = _rows(batch, start, min(start + rows, B))
+        chunk = batch_rows(batch, start, min(start + rows, B))
         kept = keep_last and k == len(starts) - 1  # the backward needs the last chunk's graph first
         if torch.is_grad_enabled() and not kept:
             logp, ent = checkpoint(

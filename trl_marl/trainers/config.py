@@ -150,10 +150,12 @@ class MultiAgentConfig(_BaseConfig):
             (mixed adapters in one `generate` call, adapters pushed after each step); False gives one engine per
             agent with the agent's adapter merged into the base weights. Ignored for other teams.
         logprob_batch_size: rows of one agent scored by one forward pass (the loss's included): the rows are scored
-            in chunks of this many, every chunk but an agent's last recomputed in the backward (activation
-            checkpointing), so a step's activation peak is one chunk per agent. `None` sizes the chunks from a
-            memory budget of one agent's weights (at least 64 MiB): a batch within it is one forward, as without
-            chunks (`trl_marl.models.scoring`). Refused under ZeRO-3 / FSDP2, which score each agent in one forward.
+            in chunks of this many, so a step's activation peak is one chunk. On one process the REINFORCE family
+            backpropagates each chunk's share of the loss right after its forward (nothing recomputed:
+            `trl_marl.trainers.agent_losses`); elsewhere every chunk but the last is recomputed in the backward
+            (activation checkpointing). `None` sizes the chunks from a memory budget of four times one agent's
+            weights (at least 64 MiB): a batch within it is one forward, as without chunks
+            (`trl_marl.models.scoring`). Refused under ZeRO-3 / FSDP2, which score each agent in one forward.
         reward_weights: with a list of `reward_funcs`: one weight per function (default 1 each), as in TRL's
             `GRPOConfig.reward_weights`; the team reward is the weighted sum.
         model_init_kwargs: keyword arguments for `from_pretrained` when the agents are given as ids (TRL's field),

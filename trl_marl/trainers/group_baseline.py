@@ -157,17 +157,24 @@ class GroupBaselineStep(RLStep):
         if self.grpo_step is not None:
             return self.grpo_step.loss(model, rollout, nodes, advantages, inputs["generations"])
         batches = [t.agent_batch(i, rollout.samples_of_agent(i, nodes)) for i in range(t.num_agents)]
+
+        def agent_loss(i: int, out: dict[str, list], rows: slice) -> torch.Tensor:
+            logp = out["logprobs"][i]
+            mask = batches[i].completion_mask[rows, : logp.shape[1]].to(logp.device)
+            seq = sequence_logprobs(logp, mask)
+            part = rows != slice(None)  # a part of the rows: its share of the agent's loss
+            num_samples = len(advantages[i]) if part else None
+            return policy_gradient_loss(seq, advantages[i][rows].to(logp.device), num_samples)
+
+        loss, out, losses = sum_of_agent_losses(t, model, batches, agent_loss)
         m = t._metrics["train"]
-
-        def agent_loss(i: int, out: dict[str, list]) -> torch.Tensor:
-            logp, adv = out["logprobs"][i], advantages[i]
-            seq = sequence_logprobs(logp, batches[i].completion_mask.to(logp.device))
-            loss_i = policy_gradient_loss(seq, adv.to(logp.device))
+        for i, loss_i in enumerate(losses):
+            if loss_i is None:
+                continue
+            logp = out["logprobs"][i]
+            seq = sequence_logprobs(logp.detach(), batches[i].completion_mask.to(logp.device))
             m[f"agent_{i + 1}/loss"].append(loss_i.item())
-            m[f"agent_{i + 1}/logprob_mean"].append(seq.detach().mean().item())
-            m[f"agent_{i + 1}/advantage_std"].append(adv.std(unbiased=False).item())
-            return loss_i
-
-        loss, out = sum_of_agent_losses(t, model, batches, agent_loss)
+            m[f"agent_{i + 1}/logprob_mean"].append(seq.mean().item())
+            m[f"agent_{i + 1}/advantage_std"].append(advantages[i].std(unbiased=False).item())
         t._metrics.record_entropy(out["entropy"])
         return loss

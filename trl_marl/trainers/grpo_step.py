@@ -30,6 +30,7 @@ import torch
 from transformers import TrainerCallback
 
 from trl_marl.algorithms.grpo import (
+    BatchTotals,
     dapo_normalizer,
     grpo_loss,
     truncated_completions,
@@ -194,46 +195,69 @@ class GRPOLossStep:
         G, n = rollout.num_generations, t.num_agents
         batches = [t.agent_batch(i, rollout.samples_of_agent(i, nodes)) for i in range(n)]
         processes, K = t.accelerator.num_processes, t.args.steps_per_rollout
-        entropies, team = [], {}
+        masks = [
+            None if b is None else self._mask(i, b, generations[i].truncated[generations[i].rows(nodes, G)])
+            for i, b in enumerate(batches)
+        ]
+        kept: dict[int, dict[str, float]] = {}  # the metrics of an agent scored in one piece
 
-        def agent_loss(i: int, out: dict[str, list]) -> torch.Tensor:
-            settings, gen, batch = self.settings[i], generations[i], batches[i]
-            logp, entropy = out["logprobs"][i], out["token_entropy"][i]
+        def agent_grpo_loss(i: int, logp, entropy, rows: slice, totals: BatchTotals | None = None):
+            settings, gen = self.settings[i], generations[i]
             device, C = logp.device, logp.shape[1]
-            rows = gen.rows(nodes, G)
-            mask = batch.completion_mask.to(device)
-            if self.mask_truncated[i]:
-                mask = mask * (~gen.truncated[rows]).to(device).unsqueeze(1)
-
+            rows_i = gen.rows(nodes, G)[rows]
+            mask = masks[i][rows, :C].to(device)
             pool = _entropy_pool(t.accelerator, entropy, mask) if settings.top_entropy_quantile < 1.0 else None
-            loss_i, metrics = grpo_loss(
+            return grpo_loss(
                 logp,
-                advantages[i].to(device),
+                advantages[i][rows].to(device),
                 mask,
                 settings,
-                old_logps=_take(gen.old_logps, rows, C, device),
-                ref_logps=_take(gen.ref_logps, rows, C, device),
+                old_logps=_take(gen.old_logps, rows_i, C, device),
+                ref_logps=_take(gen.ref_logps, rows_i, C, device),
                 entropies=entropy.to(device),
-                importance_sampling_ratio=_take(gen.is_ratio, rows, C, device),
-                sampling_logps=_take(gen.sampling_logps, rows, C, device),
+                importance_sampling_ratio=_take(gen.is_ratio, rows_i, C, device),
+                sampling_logps=_take(gen.sampling_logps, rows_i, C, device),
                 token_normalizer=dapo_normalizer(gen.num_tokens, processes, 1, K),
                 gradient_accumulation_steps=1,
                 entropy_pool=pool,
+                totals=totals,
             )
-            values = {k: float(v) for k, v in metrics.items()}
-            values["loss"] = loss_i.item()
+
+        def agent_loss(i: int, out: dict[str, list], rows: slice) -> torch.Tensor:
+            logp, entropy = out["logprobs"][i], out["token_entropy"][i]
+            if rows == slice(None):
+                loss_i, metrics = agent_grpo_loss(i, logp, entropy, rows)
+                kept[i] = {k: float(v) for k, v in metrics.items()}
+                return loss_i
+            totals = BatchTotals(len(advantages[i]), float(masks[i].sum()))
+            return agent_grpo_loss(i, logp, entropy, rows, totals)[0]
+
+        in_parts = [s.top_entropy_quantile == 1.0 for s in self.settings]  # the quantile is over the whole batch
+        loss, out, losses = sum_of_agent_losses(
+            t, model, batches, agent_loss, in_parts, token_entropy=True, entropy_grad=self.entropy_grad
+        )
+        entropies, team = [], {}
+        for i, loss_i in enumerate(losses):
+            if loss_i is None:
+                continue
+            if i not in kept:  # scored in parts: the metrics of the whole batch, from the parts' merged outputs
+                with torch.no_grad():
+                    _, metrics = agent_grpo_loss(i, out["logprobs"][i], out["token_entropy"][i], slice(None))
+                kept[i] = {k: float(v) for k, v in metrics.items()}
+            values = dict(kept[i], loss=loss_i.item())
             entropies.append(values.pop("entropy"))
             self._record(i, values, team)
-            return loss_i
-
-        loss, _ = sum_of_agent_losses(
-            t, model, batches, agent_loss, token_entropy=True, entropy_grad=self.entropy_grad
-        )
         t._metrics.record_entropy(entropies)
         for name, vals in team.items():
             if name not in ("kl", "loss"):  # `kl`: the recorder's team mean of agent_i/kl
                 t._metrics["train"][name].append(sum(vals) / len(vals))
         return loss
+
+    def _mask(self, i: int, batch: Any, truncated: torch.Tensor) -> torch.Tensor:
+        """Agent i's scored tokens `(B, C)` in `batch`: the completion mask, the `truncated` `(B,)` rows masked out
+        with `mask_truncated_completions`."""
+        mask = batch.completion_mask
+        return mask * (~truncated).unsqueeze(1) if self.mask_truncated[i] else mask
 
     def _record(self, i: int, values: dict[str, float], team: dict[str, list[float]] | None = None) -> None:
         """`agent_{i+1}/<name>` for every value (TRL's names after the prefix); with `team`, also collects them for
