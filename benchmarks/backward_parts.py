@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _common
 import comlrl_side_by_side as side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +54,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "backward_parts.json"))
     opts = p.parse_args(argv)
     if opts.child:
-        print(side_by_side.RESULT + json.dumps(child(opts)), flush=True)
+        _common.emit_result(child(opts))
         return {}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from trl_marl.testing import tiny_model_path
@@ -67,23 +66,16 @@ def main(argv=None) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(prompts, f)
     config = json.dumps({"logprob_batch_size": opts.logprob_batch_size} if opts.logprob_batch_size else {})
+    flags = ["--child", "--model", model, "--prompts", f.name, "--ours_config", config]
+    for key in ("steps", "warmup", "threads", "tokens", "num_generations", "prompts_per_step"):
+        flags += [f"--{key}", str(getattr(opts, key))]
+    _common.set_offline_env()
+    os.environ["OMP_NUM_THREADS"] = str(opts.threads)
     runs: dict[str, list[dict]] = {"parts": [], "chunks": []}
     t0 = time.perf_counter()
     for r in range(opts.rounds):
-        order = ["parts", "chunks"] if r % 2 == 0 else ["chunks", "parts"]
-        for name in order:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--model", model, "--prompts", f.name]
-            for key in ("steps", "warmup", "threads", "tokens", "num_generations", "prompts_per_step"):
-                cmd += [f"--{key}", str(getattr(opts, key))]
-            cmd += ["--ours_config", config] + (["--chunks"] if name == "chunks" else [])
-            env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads), "TOKENIZERS_PARALLELISM": "false"}
-            env.update(TRANSFORMERS_VERBOSITY="error", TRL_EXPERIMENTAL_SILENCE="1")
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(side_by_side.RESULT)), None)
-            if proc.returncode != 0 or line is None:
-                sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
-                raise SystemExit(f"the {name} run failed")
-            result = json.loads(line[len(side_by_side.RESULT) :])
+        for name in ["parts", "chunks"] if r % 2 == 0 else ["chunks", "parts"]:
+            result = _common.run_child(__file__, flags + (["--chunks"] if name == "chunks" else []))
             runs[name].append(result)
             print(name, json.dumps(result), flush=True)
     os.unlink(f.name)
@@ -94,6 +86,7 @@ def main(argv=None) -> dict:
     report = {
         "config": {k: v for k, v in vars(opts).items() if k not in ("child", "chunks", "model", "prompts", "output")},
         "shape": side_by_side.SHAPE,
+        "machine": _common.machine(),
         "wall_s": time.perf_counter() - t0,
         "runs": runs,
         "best": best,
@@ -105,9 +98,7 @@ def main(argv=None) -> dict:
         f"x{report['step_time_ratio']:.2f} | peak RSS: parts {best['parts']['peak_rss_mb']:.0f} MB chunks "
         f"{best['chunks']['peak_rss_mb']:.0f} MB x{report['peak_rss_ratio']:.2f}"
     )
-    out = Path(opts.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    _common.write_json(Path(opts.output), report)
     return report
 
 
