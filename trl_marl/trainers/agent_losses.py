@@ -182,7 +182,7 @@ def sum_of_agent_losses(
                     term = term.detach()
                 outs.append((out_p, scored_rows))
                 terms.append(term)
-            losses[i] = terms[0] if len(terms) == 1 else sum(terms[1:], terms[0])
+            losses[i] = sum(terms[1:], terms[0])
             for key, values in _merged(i, outs, batch).items():
                 out.setdefault(key, [None] * len(batches))[i] = values
             if step_alone and i != scored[-1]:

@@ -195,8 +195,9 @@ class GRPOLossStep:
         G, n = rollout.num_generations, t.num_agents
         batches = [t.agent_batch(i, rollout.samples_of_agent(i, nodes)) for i in range(n)]
         processes, K = t.accelerator.num_processes, t.args.steps_per_rollout
+        gen_rows = [None if b is None else gen.rows(nodes, G) for gen, b in zip(generations, batches)]
         masks = [
-            None if b is None else self._mask(i, b, generations[i].truncated[generations[i].rows(nodes, G)])
+            None if b is None else self._mask(i, b, generations[i].truncated[gen_rows[i]])
             for i, b in enumerate(batches)
         ]
         kept: dict[int, dict[str, float]] = {}  # the metrics of an agent scored in one piece
@@ -204,7 +205,7 @@ class GRPOLossStep:
         def agent_grpo_loss(i: int, logp, entropy, rows: slice, totals: BatchTotals | None = None):
             settings, gen = self.settings[i], generations[i]
             device, C = logp.device, logp.shape[1]
-            rows_i = gen.rows(nodes, G)[rows]
+            rows_i = gen_rows[i][rows]
             mask = masks[i][rows, :C].to(device)
             pool = _entropy_pool(t.accelerator, entropy, mask) if settings.top_entropy_quantile < 1.0 else None
             return grpo_loss(
