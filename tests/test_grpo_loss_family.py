@@ -23,6 +23,7 @@ from trl_marl.algorithms.grpo import (
     GRPOLossSettings,
     adaptive_entropy_coef,
     dapo_normalizer,
+    entropy_bonus,
     grpo_loss,
     high_entropy_mask,
     k3_kl_per_token,
@@ -707,6 +708,12 @@ def test_the_entropy_quantile_refuses_parts():
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="top_entropy_quantile"):
         grpo_loss(x, torch.zeros(2), torch.ones(2, 3), settings, entropies=x, totals=BatchTotals(4, 12.0))
+
+
+def test_the_entropy_bonus_refuses_parts_with_an_entropy_mask():
+    x = torch.ones(2, 3)
+    with pytest.raises(ValueError, match="entropy quantile's mask needs the whole batch"):
+        entropy_bonus(x, x, entropy_mask=x.bool(), totals=BatchTotals(4, 12.0))
 
 
 def test_a_part_of_the_seed_loss_is_its_share():
