@@ -250,4 +250,4 @@ def test_each_agents_early_step_leaves_other_gradients_alone(tiny_path, tmp_path
     assert all(p.grad is g for p, g in zip(other, kept))
     assert all(not torch.equal(p, b) for p, b in zip(mine, before[: len(mine)]) if p.requires_grad)
     assert all(torch.equal(p, b) for p, b in zip(other, before[len(mine) :]))
-    assert trainer._early_grad_norms == [pytest.approx(math.sqrt(sum(p.numel() for p in mine)))]
+    assert trainer._early_steps == {"agent_1": pytest.approx(math.sqrt(sum(p.numel() for p in mine)))}

@@ -229,8 +229,8 @@ class MultiAgentTrainer(_BaseTrainer):
             shard_team(self.model, self.accelerator)
         self._buffered: list | None = None
         self._step = 0
-        self._early_grad_norms: list[float] = []  # this step's agents stepped early (`record_early_agent_step`)
-        self._agents_stepped_early: list[str] = []
+        # this step's agents stepped right after their backward: name -> pre-clip gradient norm (`record_early_agent_step`)
+        self._early_steps: dict[str, float] = {}
         self._stream_round = 0  # the round whose random streams are drawn from now (iterative trainers; else 0)
         # one random stream per purpose (trl_marl.data_types.rng); saved with every checkpoint
         self.rng_streams = RNGStreams(
@@ -330,9 +330,8 @@ class MultiAgentTrainer(_BaseTrainer):
 
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm)
-        if self._early_grad_norms:  # agents stepped right after their backward (`agent_losses.step_each_agent`)
-            grad_norm = agent_losses.combined_grad_norm(grad_norm, self._early_grad_norms)
-            self._early_grad_norms = []
+        if self._early_steps:  # agents stepped right after their backward (`agent_losses.step_each_agent`)
+            grad_norm = agent_losses.combined_grad_norm(grad_norm, list(self._early_steps.values()))
         finite.check_grad_norm(self, grad_norm)  # before the optimizer step applies it
         return grad_norm
 
@@ -340,8 +339,7 @@ class MultiAgentTrainer(_BaseTrainer):
         """Agent i took its part of this optimizer step right after its backward (`agent_losses.
         optimizer_step_of_agent`), its pre-clip gradient norm `grad_norm`: logged as `agent_{i+1}/grad_norm` and in
         the step's `grad_norm`, and named if a later check stops the step (`finite`)."""
-        self._early_grad_norms.append(grad_norm)
-        self._agents_stepped_early.append(f"agent_{i + 1}")
+        self._early_steps[f"agent_{i + 1}"] = grad_norm
         if self._will_log():
             self._metrics.record_grad_norm(f"agent_{i + 1}", grad_norm)
 
@@ -405,7 +403,7 @@ class MultiAgentTrainer(_BaseTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         t0 = time.perf_counter()
         self._metrics.step_rollout_seconds = 0.0
-        self._early_grad_norms, self._agents_stepped_early = [], []
+        self._early_steps = {}
         loss = super().training_step(model, inputs, num_items_in_batch)
         finite.check_loss(self, loss)  # a non-finite loss stops the run before the optimizer step
         self._step += 1

@@ -67,7 +67,7 @@ def _raise(trainer: Any, what: str) -> None:
     bad = _modules_with_bad_grads(trainer)
     where = f" (non-finite gradient in {', '.join(bad)})" if bad else ""
     stopped = "training stopped before the step was applied"
-    early = getattr(trainer, "_agents_stepped_early", None)
+    early = getattr(trainer, "_early_steps", None)
     if early:  # one process steps each agent right after its backward (`trl_marl.trainers.agent_losses`)
         stopped += (
             f" to the other agents ({', '.join(early)} had already taken it in memory, right after "
