@@ -119,6 +119,7 @@ info = dict(rank=trainer.accelerator.process_index, steps=trainer.state.global_s
             sync_seconds=engine.sync_seconds, generate_seconds=engine.generate_seconds)
 Path({out!r}).mkdir(parents=True, exist_ok=True)
 Path({out!r}, f"result-{{info['rank']}}.json").write_text(json.dumps(info))  # too long for one line of stdout
+trainer.accelerator.wait_for_everyone()  # as every other multi-process script: both ranks done before the teardown
 trainer.accelerator.end_training()  # a gloo group left to the C++ static destructors can abort the exit
 """
 
