@@ -15,6 +15,7 @@ from trl_marl.checkpointing.checkpoint import (
     COMPLETE_MARKER,
     PREEMPTED_EXIT_CODE,
     CheckpointError,
+    damaged_files,
     latest_complete_checkpoint,
     resolve_resume_checkpoint,
     set_write_hook,
@@ -149,6 +150,33 @@ def _write_points(trainer):
     finally:
         set_write_hook(None)
     return names
+
+
+def test_the_optimizer_is_written_before_the_team(tmp_path, tiny_path):
+    """The optimizer state (twice the weights under AdamW) goes first, so its flush overlaps the writing of the team
+    instead of being the checkpoint's tail (`benchmarks/checkpoint_cost.py`: 1.09-1.15x a plain save against
+    1.27-1.34x the other way round, model-shaped team)."""
+    out = tmp_path / "run"
+    t = resume_run.build("magrpo", str(out), tiny_path)
+    t.args.max_steps = 1
+    t.train()
+    t.state.global_step = 2
+    found_by_save_model = []
+    save_model = t.save_model
+
+    def recording_save_model(output_dir=None, **kwargs):
+        found_by_save_model.extend(sorted(os.listdir(output_dir)))
+        return save_model(output_dir, **kwargs)
+
+    t.save_model = recording_save_model
+    try:
+        points = _write_points(t)
+    finally:
+        del t.save_model
+    assert points.index("optimizer") < points.index("model")
+    assert {"optimizer.pt", "scheduler.pt"} <= set(found_by_save_model)
+    assert latest_complete_checkpoint(str(out), warn=False) == str(out / "checkpoint-2")
+    assert not damaged_files(str(out / "checkpoint-2"))
 
 
 def test_a_kill_at_every_write_point_leaves_a_resumable_checkpoint(tmp_path, tiny_path, caplog):
