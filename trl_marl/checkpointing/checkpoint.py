@@ -378,8 +378,8 @@ def save_checkpoint_atomically(
         trainer.store_flos()
     syncer = FolderSyncer(staging)
     try:
+        os.makedirs(staging, exist_ok=True)  # every process: after the main one removed a leftover (the barrier above)
         if with_optimizer and not args.save_only_model:
-            os.makedirs(staging, exist_ok=True)
             _save_optimizer_and_scheduler(trainer, staging, syncer)
             trainer._save_scaler(staging)
             write_point("optimizer")
@@ -389,7 +389,7 @@ def save_checkpoint_atomically(
         else:
             save_model(staging)
         write_point("model")
-        syncer.submit_new()
+        syncer.submit_new()  # the team's files
         if not args.save_only_model or not with_optimizer:
             trainer._save_rng_state(staging)
             write_point("rng")
@@ -470,7 +470,6 @@ def _save_rest(trainer, staging: str, final: str, syncer: FolderSyncer, identity
     from transformers.trainer_callback import ExportableState
 
     args, state = trainer.args, trainer.state
-    os.makedirs(staging, exist_ok=True)
     _atomic_torch_save(
         trainer._resume_state(),
         os.path.join(staging, RESUME_STATE_FILE.format(rank=trainer.accelerator.process_index)),
