@@ -143,11 +143,10 @@ if sys.argv[1] != "none":
 
 @pytest.mark.parametrize("mode, destroyed", [("hook", True), ("none", False), ("vllm", False)])
 def test_the_process_group_is_destroyed_before_the_interpreter_tears_down(tmp_path, mode, destroyed):
-    """A gloo group left to the C++ static destructors can abort a finished run's exit (SIGABRT, "terminate called
-    without an active exception": CI's 2-process DDP run, once); after `train()` the group is destroyed at exit,
-    while the interpreter is whole. Without the hook the group is still there at teardown (the control); with a
-    colocated vLLM engine the hook leaves the groups to vLLM's shutdown, which fails on a group destroyed before it
-    ("Invalid process group specified")."""
+    """After `train()` the group is destroyed at exit, while the interpreter is whole (gloo's workers release their
+    last work there: `test_gloo_workers_release_their_last_work_before_the_interpreter_finalizes`). Without the hook
+    the group is still there at teardown (the control); with a colocated vLLM engine the hook leaves the groups to
+    vLLM's shutdown, which fails on a group destroyed before it ("Invalid process group specified")."""
     import subprocess
     import sys
 
@@ -156,3 +155,62 @@ def test_the_process_group_is_destroyed_before_the_interpreter_tears_down(tmp_pa
     proc = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines() == [f"initialized at teardown: {not destroyed}"]
+
+
+RELEASE_SCRIPT = """
+import sys, time
+import torch, torch.distributed as dist
+from trl_marl.distributed.collective import destroy_process_group_at_exit
+
+rank, store_path, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+held = dist.group.WORLD  # as DeepSpeed's parameters and DDP's reducer hold it: destroying the group does not free it
+tensors = [torch.ones(1) for _ in range(20000)]
+if rank == 1:
+    time.sleep(0.5)
+    dist.all_reduce_coalesced(tensors)
+else:
+    # rank 0 stands for a process whose gloo worker was not scheduled between the last collective and the exit: its
+    # main thread keeps the GIL (no switch for 100 s) while the worker, the work's last holder, releases the tensors
+    sys.setswitchinterval(100.0)
+    future = dist.all_reduce_coalesced(tensors, async_op=True)
+    del tensors, future
+    end = time.monotonic() + 3.0  # the peer joins after 0.5 s: the worker now waits for the GIL, tensor by tensor
+    while time.monotonic() < end:
+        pass
+if mode == "hook":
+    destroy_process_group_at_exit()
+"""
+
+
+@pytest.mark.parametrize("mode, aborts", [("hook", False), ("none", True)])
+def test_gloo_workers_release_their_last_work_before_the_interpreter_finalizes(tmp_path, mode, aborts):
+    """A gloo worker that releases a finished collective's tensors takes the GIL for each; one that asks for it after
+    the interpreter started finalizing is ended by `pthread_exit` and aborts the process ("terminate called without
+    an active exception", SIGABRT): CI's 2-process ZeRO-3 and DDP runs, after training finished, where DeepSpeed and
+    DDP keep the group alive past `destroy_process_group`. The exit hook lets the workers run out first. The old
+    hook (the group destroyed, nothing waited for) aborted here every time; so does no hook (the control)."""
+    import subprocess
+    import sys
+
+    script, store = tmp_path / "release.py", tmp_path / "store"
+    script.write_text(RELEASE_SCRIPT)
+    peers = [
+        subprocess.Popen([sys.executable, str(script), str(rank), str(store), mode], stderr=subprocess.PIPE, text=True)
+        for rank in (1, 0)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in peers]
+    codes = [p.returncode for p in peers]
+    if aborts:
+        assert codes[1] != 0 and "terminate called without an active exception" in errors[1], errors[1][-2000:]
+    else:
+        assert codes == [0, 0], errors[1][-2000:] + errors[0][-2000:]
+
+
+def test_waiting_for_gloo_workers_costs_nothing_without_them():
+    """A process without gloo workers (one process, NCCL) does not wait at exit."""
+    import time
+
+    start = time.monotonic()
+    assert collective.wait_for_gloo_workers() is True
+    assert time.monotonic() - start < 0.05

@@ -120,7 +120,7 @@ info = dict(rank=trainer.accelerator.process_index, steps=trainer.state.global_s
 Path({out!r}).mkdir(parents=True, exist_ok=True)
 Path({out!r}, f"result-{{info['rank']}}.json").write_text(json.dumps(info))  # too long for one line of stdout
 trainer.accelerator.wait_for_everyone()  # as every other multi-process script: both ranks done before the teardown
-trainer.accelerator.end_training()  # a gloo group left to the C++ static destructors can abort the exit
+trainer.accelerator.end_training()  # as a script may; trl_marl's exit hook still lets gloo's workers run out
 """
 
 STEPS = 3

@@ -20,7 +20,14 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["is_sharded", "max_over_processes", "any_over_processes", "even_chunks", "destroy_process_group_at_exit"]
+__all__ = [
+    "is_sharded",
+    "max_over_processes",
+    "any_over_processes",
+    "even_chunks",
+    "destroy_process_group_at_exit",
+    "wait_for_gloo_workers",
+]
 
 T = TypeVar("T")
 
@@ -73,14 +80,20 @@ def even_chunks(rows: Sequence[T], size: int, synced: bool = True) -> list[list[
 
 @functools.cache
 def destroy_process_group_at_exit() -> None:
-    """Have the process group destroyed when the interpreter exits normally (registered once; a no-op where the
-    script destroyed it itself, as `Accelerator.end_training` does).
+    """Have the process group destroyed when the interpreter exits normally, once gloo's worker threads have released
+    their last work (registered once; the destruction is a no-op where the script destroyed the group itself, as
+    `Accelerator.end_training` does).
 
-    A gloo group left to the C++ static destructors can abort the exit ("terminate called without an active
-    exception", SIGABRT, after training finished): its worker threads still hold work objects whose tensors need
-    the interpreter, which is being torn down. `atexit` runs while the interpreter is whole. The trainers register
-    this after a successful `train()` only: after an error a process's peers may still be inside a collective,
-    where destroying a NCCL group can block (torchtitan destroys on success only, for the same reason)."""
+    Why: a gloo worker thread that releases a finished collective's tensors takes the GIL (each tensor's Python
+    object, kept alive while C++ holds the tensor, is released). One that asks for the GIL after the interpreter
+    started finalizing is ended by CPython with `pthread_exit`, whose unwinding through torch's `noexcept` frames
+    aborts the process ("terminate called without an active exception", SIGABRT) after a finished run. A worker
+    that was not scheduled between the run's last collective and the exit hits it (CI's 2-process runs, rarely).
+    `atexit` runs while the interpreter is whole: there the hook destroys the group (which joins the workers where
+    nothing else holds it) and lets the workers run out (`wait_for_gloo_workers`), since DeepSpeed's parameters and
+    DDP's reducer keep the group alive past `destroy_process_group`. The trainers register this after a successful
+    `train()` only: after an error a process's peers may still be inside a collective, where destroying a NCCL
+    group can block (torchtitan destroys on success only, for the same reason)."""
     atexit.register(_destroy_process_group)
 
 
@@ -89,9 +102,62 @@ def _destroy_process_group() -> None:
 
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    vllm_groups = sys.modules.get("vllm.distributed.parallel_state")
-    if vllm_groups is not None and vllm_groups.model_parallel_is_initialized():
-        return  # a colocated vLLM engine's shutdown destroys every group itself (and fails on one destroyed before)
-    dist.destroy_process_group()
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        vllm_groups = sys.modules.get("vllm.distributed.parallel_state")
+        if vllm_groups is not None and vllm_groups.model_parallel_is_initialized():
+            return  # a colocated vLLM engine's shutdown destroys every group itself (and fails on one destroyed before)
+        dist.destroy_process_group()
+    finally:
+        wait_for_gloo_workers()
+
+
+GLOO_WORKER_PREFIX = "pt_gloo"  # the name torch gives gloo's worker threads (`ProcessGroupGloo::runLoop`)
+
+
+def _gloo_worker_states() -> list[str] | None:
+    """The scheduler states ('R' running or runnable, 'S' sleeping, ...) of this process's gloo worker threads, read
+    from /proc (Linux); None where it cannot be read."""
+    import os
+
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    states = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread has exited
+        # "tid (name) state ...": the name may hold spaces and parentheses; the state follows the last ')'
+        close = stat.rfind(")")
+        if stat[stat.find("(") + 1 : close].startswith(GLOO_WORKER_PREFIX):
+            states.append(stat[close + 2 : close + 3])
+    return states
+
+
+def wait_for_gloo_workers(budget_s: float = 2.0, poll_s: float = 0.005, quiet_polls: int = 3) -> bool:
+    """Wait, with the GIL released, until no gloo worker thread of this process is running or runnable in
+    `quiet_polls` consecutive polls `poll_s` apart, or `budget_s` has passed. Returns whether they went quiet
+    (True at once where the process has no gloo worker, or where /proc cannot tell).
+
+    A worker that has finished a collective releases the work's tensors, taking the GIL for each; the sleep hands
+    it the GIL, and a worker still at it is running, runnable or (briefly) waiting for the GIL. A worker blocked in
+    a collective whose peers have not joined sleeps: that work is not waited for (only a collective every process
+    joins could)."""
+    import time
+
+    states = _gloo_worker_states()
+    if not states:
+        return True
+    deadline, quiet = time.monotonic() + budget_s, 0
+    while quiet < quiet_polls:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+        states = _gloo_worker_states() or []
+        quiet = quiet + 1 if "R" not in states else 0
+    return True
