@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
+import sys
+import time
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -98,17 +101,14 @@ def destroy_process_group_at_exit() -> None:
 
 
 def _destroy_process_group() -> None:
-    import sys
-
     import torch.distributed as dist
 
     try:
-        if not (dist.is_available() and dist.is_initialized()):
-            return
         vllm_groups = sys.modules.get("vllm.distributed.parallel_state")
-        if vllm_groups is not None and vllm_groups.model_parallel_is_initialized():
-            return  # a colocated vLLM engine's shutdown destroys every group itself (and fails on one destroyed before)
-        dist.destroy_process_group()
+        # a colocated vLLM engine's shutdown destroys every group itself (and fails on one destroyed before)
+        vllm_owns_groups = vllm_groups is not None and vllm_groups.model_parallel_is_initialized()
+        if dist.is_available() and dist.is_initialized() and not vllm_owns_groups:
+            dist.destroy_process_group()
     finally:
         wait_for_gloo_workers()
 
@@ -119,8 +119,6 @@ GLOO_WORKER_PREFIX = "pt_gloo"  # the name torch gives gloo's worker threads (`P
 def _gloo_worker_states() -> list[str] | None:
     """The scheduler states ('R' running or runnable, 'S' sleeping, ...) of this process's gloo worker threads, read
     from /proc (Linux); None where it cannot be read."""
-    import os
-
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
@@ -148,8 +146,6 @@ def wait_for_gloo_workers(budget_s: float = 2.0, poll_s: float = 0.005, quiet_po
     it the GIL, and a worker still at it is running, runnable or (briefly) waiting for the GIL. A worker blocked in
     a collective whose peers have not joined sleeps: that work is not waited for (only a collective every process
     joins could)."""
-    import time
-
     states = _gloo_worker_states()
     if not states:
         return True
