@@ -75,6 +75,15 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def peak_cuda_mb() -> float | None:
+    """Peak CUDA memory this process allocated through torch, in MB; None where CUDA was never used."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
 def emit_result(result: dict[str, Any]) -> None:
     """Print a child's result as one `RESULT {json}` line for `run_child`."""
     print(RESULT_PREFIX + json.dumps(result), flush=True)
@@ -102,12 +111,15 @@ def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     import torch
 
-    return {
+    found = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
     }
+    if torch.cuda.is_available():
+        found["gpu"] = torch.cuda.get_device_name(0)
+    return found
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:

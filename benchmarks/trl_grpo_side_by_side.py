@@ -6,6 +6,8 @@
 One policy (MAGRPO with `num_agents=1` is GRPO's setting: a group of G samples per prompt, the group baseline),
 8 prompts x G=4 per optimizer step, `--tokens` new tokens, temperature 1, learning rate 1e-6, no KL (`beta=0`),
 `--warmup` untimed steps then `--steps` timed ones; shapes of `vllm_throughput.py` (random weights, built locally).
+Activation checkpointing is the same in both: off, or on with `--gradient_checkpointing` (the libraries' defaults
+differ: TRL's GRPOConfig turns it on, trl_marl's configs leave it off).
 With `--use_vllm` both sample with colocated vLLM (TRL: `vllm_mode="colocate"`; TRL looks for the distribution `vllm`,
 so this needs the CUDA build). Reports seconds per step, prompts per second and peak RSS, and trl_marl / TRL.
 """
@@ -61,6 +63,9 @@ def child(opts) -> dict:
         bf16=opts.dtype == "bfloat16",
         use_cpu=opts.device == "cpu",
         use_vllm=opts.use_vllm,
+        # the same for both: TRL's GRPOConfig defaults to True, ours to False (activation checkpointing trades a
+        # second forward for memory, so two defaults would compare different work)
+        gradient_checkpointing=opts.gradient_checkpointing,
     )
     if opts.use_vllm:
         common.update(vllm_mode="colocate", vllm_gpu_memory_utilization=opts.vllm_gpu_memory_utilization)
@@ -81,7 +86,12 @@ def child(opts) -> dict:
     trainer.train()
     durations = [b - a for a, b in zip(ends, ends[1:])][opts.warmup - 1 :] if opts.warmup else None
     s_per_step = statistics.median(durations)
-    return {"s_per_step": s_per_step, "prompts_per_s": 8 / s_per_step, "peak_rss_mb": _common.peak_rss_mb()}
+    return {
+        "s_per_step": s_per_step,
+        "prompts_per_s": 8 / s_per_step,
+        "peak_rss_mb": _common.peak_rss_mb(),
+        "peak_cuda_mb": _common.peak_cuda_mb(),
+    }
 
 
 def main(argv=None) -> dict:
@@ -91,6 +101,9 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--use_vllm", action="store_true")
+    p.add_argument(
+        "--gradient_checkpointing", action="store_true", help="activation checkpointing in both (default: in neither)"
+    )
     p.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--steps", type=int, default=4)
@@ -107,6 +120,7 @@ def main(argv=None) -> dict:
     flags += ["--steps", str(opts.steps), "--warmup", str(opts.warmup), "--threads", str(opts.threads)]
     flags += ["--vllm_gpu_memory_utilization", str(opts.vllm_gpu_memory_utilization)]
     flags += ["--use_vllm"] if opts.use_vllm else []
+    flags += ["--gradient_checkpointing"] if opts.gradient_checkpointing else []
     runs = {name: _common.run_child(__file__, ["--child", name, *flags]) for name in ("trl", "trl_marl")}
     report = {
         "config": {k: v for k, v in vars(opts).items() if k not in ("child", "output")},
@@ -115,9 +129,12 @@ def main(argv=None) -> dict:
         "prompts_per_s_ratio": runs["trl_marl"]["prompts_per_s"] / runs["trl"]["prompts_per_s"],
         "peak_rss_ratio": runs["trl_marl"]["peak_rss_mb"] / runs["trl"]["peak_rss_mb"],
     }
+    if runs["trl"]["peak_cuda_mb"]:
+        report["peak_cuda_ratio"] = runs["trl_marl"]["peak_cuda_mb"] / runs["trl"]["peak_cuda_mb"]
     print(
         f"TRL GRPOTrainer {runs['trl']['s_per_step']:.3f} s/step, trl_marl MAGRPO {runs['trl_marl']['s_per_step']:.3f} "
         f"s/step: prompts/s x{report['prompts_per_s_ratio']:.2f}, peak RSS x{report['peak_rss_ratio']:.2f}"
+        + (f", peak CUDA memory x{report['peak_cuda_ratio']:.2f}" if "peak_cuda_ratio" in report else "")
     )
     _common.write_json(Path(opts.output), report)
     return report

@@ -1,9 +1,9 @@
 """HF `generate` against vLLM (`use_vllm=True`) in MAGRPO, same run: the generation phase and the whole step.
 
-    python benchmarks/throughput.py --vllm                       # in a venv with vLLM (see docs/vllm.md)
-    python benchmarks/throughput.py --vllm --models tiny --tokens 16 --steps 5
-    python benchmarks/throughput.py --vllm --models tiny --tokens 16 --lora  # + shared-base LoRA team: 1 vs n engines
-    python benchmarks/throughput.py --vllm --device cuda --dtype bfloat16 --models qwen0.5b   # benchmarks/gpu_check.sh
+    python benchmarks/vllm_throughput.py                       # in a venv with vLLM (see docs/vllm.md)
+    python benchmarks/vllm_throughput.py --models tiny --tokens 16 --steps 5
+    python benchmarks/vllm_throughput.py --models tiny --tokens 16 --lora  # + shared-base LoRA team: 1 vs n engines
+    python benchmarks/vllm_throughput.py --device cuda --dtype bfloat16 --models qwen0.5b   # benchmarks/gpu_check.sh
     python benchmarks/vllm_throughput.py --backend hf --models tiny --tokens 4 --steps 1 --output /tmp/v.json  # one backend
 
 Every configuration (model shape x new tokens x backend) runs MAGRPO with 2 agents, 8 prompts per step, G=4, in its
@@ -29,6 +29,7 @@ from pathlib import Path
 from _common import (
     RESULTS,
     emit_result,
+    peak_cuda_mb,
     peak_rss_mb,
     run_child,
     scratch_dir,
@@ -182,6 +183,7 @@ def run_one(args) -> dict:
         "tokens_per_s": trainer._tokens_seen / sum(times),
         "trainer_init_s": init_s,
         "peak_rss_mb": peak_rss_mb(),
+        "peak_cuda_mb": peak_cuda_mb(),
     }
     if g is not None:
         sync0, syncs0, gap0 = timer.base

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import json
 import math
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -108,6 +111,7 @@ SMALLEST = {
         *("--rounds", "1", "--logprob_batch_size", "2"),  # 4 rows in parts of 2
     ],
     "memory_table.py": [],  # estimates only: no model is built
+    "fused_head.py": ["--shape", "tiny", "--tokens", "4", "--prompts", "2", "--repeats", "1"],
 }
 # Scripts CI's main venv cannot run, and why; the default suite checks that they compile and answer `--help`.
 NOT_RUN = {
@@ -211,3 +215,94 @@ def test_benchmark_arguments_are_refused_before_any_run(script, flags, message, 
     )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "r.json").exists()
+
+
+# `python benchmarks/x.py ARGS` in the docs, the benchmarks' README and the scripts' docstrings (usage synopses'
+# brackets dropped); shell lines joined at their backslashes; comments, pipes and redirections end a command
+_DOCUMENTED = re.compile(r"python3? (benchmarks/\w+\.py)((?:[ \t]+[^\s`#|;&>]+)*)")
+_PARSE_ONLY = """
+import argparse, json, runpy, sys
+class Parsed(Exception):
+    pass
+original = argparse.ArgumentParser.parse_args
+def parse_args(self, args=None, namespace=None):
+    original(self, args, namespace)
+    raise Parsed
+argparse.ArgumentParser.parse_args = parse_args
+failed = []
+for script, argv in json.loads(sys.argv[1]):
+    sys.argv = [script, *argv]
+    try:
+        runpy.run_path(script, run_name="__main__")
+        failed.append([script, argv, "ran without parsing its arguments"])
+    except Parsed:
+        pass
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            failed.append([script, argv, f"exit {exc.code}"])
+print(json.dumps(failed))
+"""
+
+
+def _documented_benchmark_commands() -> list[tuple[str, list[str]]]:
+    sources = [*ROOT.glob("docs/**/*.md"), ROOT / "README.md", BENCH / "README.md", *BENCH.glob("*.py")]
+    commands = set()
+    for source in sources:
+        for match in _DOCUMENTED.finditer(source.read_text().replace("\\\n", " ")):
+            argv = shlex.split(match.group(2).replace("[", " ").replace("]", " "))
+            commands.add((match.group(1), tuple(argv)))
+    return sorted((script, list(argv)) for script, argv in commands)
+
+
+def test_every_documented_benchmark_command_parses():
+    """Each `python benchmarks/...` command a reader can copy names a script that exists and arguments its parser
+    takes (parsed only: the parser stops the script before it runs)."""
+    commands = _documented_benchmark_commands()
+    assert len(commands) > 40, commands  # the extraction finds the docs' commands
+    missing = sorted({script for script, _ in commands if not (ROOT / script).is_file()})
+    assert not missing, f"documented benchmark scripts that do not exist: {missing}"
+    proc = subprocess.run(
+        [sys.executable, "-c", _PARSE_ONLY, json.dumps(commands)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(BENCH)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not failed, f"documented commands their scripts refuse: {failed}\n{proc.stderr[-3000:]}"
+
+
+def test_gpu_check_refuses_an_unknown_device():
+    proc = subprocess.run(
+        ["bash", str(BENCH / "gpu_check.sh")],
+        env={**os.environ, "GPU_CHECK_DEVICE": "tpu"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "GPU_CHECK_DEVICE must be cuda (the default) or cpu (a smoke run), got 'tpu'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_its_commands_at_smoke_size_on_cpu(tmp_path):
+    """`benchmarks/gpu_check.sh`'s commands, as written, at smoke size on CPU (`GPU_CHECK_DEVICE=cpu`): each writes
+    its JSON; without vLLM the script says it skips the vLLM runs and runs the HF ones."""
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run(
+        ["bash", str(BENCH / "gpu_check.sh"), str(out)],
+        env={**os.environ, "GPU_CHECK_DEVICE": "cpu", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    throughput = json.loads(out.read_text())
+    side_by_side = json.loads((tmp_path / "gpu_check_trl_grpo.json").read_text())
+    assert side_by_side["runs"]["trl"]["s_per_step"] > 0 and side_by_side["runs"]["trl_marl"]["s_per_step"] > 0
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    assert ("vLLM is not installed" in proc.stdout) != has_vllm
+    assert set(throughput["results"][0]) >= ({"hf", "vllm"} if has_vllm else {"hf"})
