@@ -27,3 +27,34 @@ def test_warm_up_leaves_the_random_streams_the_modes_and_the_gradients_as_they_w
     assert torch.equal(warm_state, cold_state)
     assert warm.team.training == cold.team.training
     assert all(p.grad is None for p in warm.team.parameters())
+
+
+def test_warm_up_runs_the_fused_heads_kernels_once_per_head_and_leaves_no_gradient(
+    make_args, tiny_path, items, monkeypatch
+):
+    """Where the fused head applies (CUDA; forced here), TRL's kernel runs forward and backward once per distinct head
+    at construction (Triton compiles it then, not in the first step), and no gradient is left behind."""
+    import trl_marl.models.fused_head as fused_head_module
+
+    monkeypatch.setattr(fused_head_module, "_triton_runs_on", lambda device: True)
+    calls = []
+    from trl.kernels import ChunkedLogProbFunction  # fused_head imports it at call time, from trl.kernels
+
+    class Counted(ChunkedLogProbFunction):
+        @staticmethod
+        def forward(ctx, *args):
+            calls.append("forward")
+            return ChunkedLogProbFunction.forward(ctx, *args)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            calls.append("backward")
+            return ChunkedLogProbFunction.backward(ctx, *grads)
+
+    monkeypatch.setattr("trl.kernels.ChunkedLogProbFunction", Counted)
+    monkeypatch.setattr(warmup, "score_completions", lambda *a, **k: None)  # count the head's own warm-up only
+    trainer = MAGRPOTrainer(
+        model=tiny_path, reward_funcs=lambda c1, c2: [0.0] * len(c1), args=make_args(), train_dataset=items
+    )
+    assert trainer.team.num_agents == 2 and calls == ["forward", "backward"] * 2
+    assert all(p.grad is None for p in trainer.team.parameters())

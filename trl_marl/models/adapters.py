@@ -33,6 +33,7 @@ __all__ = [
     "AdapterDisabled",
     "adapter_name",
     "build_shared_base",
+    "causal_lm",
     "mixed_adapter_generate",
     "wrap_agents_with_peft",
 ]
@@ -212,3 +213,20 @@ def mixed_adapter_generate(
         generation_config=generation_config,
         synced_gpus=synced_gpus,
     )
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers model under our adapter views (`AdapterAgent`: the shared PEFT model; `AdapterDisabled`: the
+    PEFT model), PEFT's wrapper (`get_base_model`) and engine wrappers (`.module`: DeepSpeed, DDP); the model itself
+    when it is none of these."""
+    while True:
+        if isinstance(model, AdapterAgent):
+            model = model.shared
+        elif isinstance(model, AdapterDisabled):
+            model = model._peft
+        elif callable(getattr(model, "get_base_model", None)):
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        else:
+            return model

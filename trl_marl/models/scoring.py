@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from trl_marl.algorithms.logprobs import token_logprobs
 from trl_marl.data_types.batches import AgentBatch
 from trl_marl.distributed.collective import is_sharded
+from trl_marl.models.fused_head import fused_head, fused_scoring, head_logprobs
 
 __all__ = [
     "MIN_BUDGET_BYTES",
@@ -48,6 +49,7 @@ __all__ = [
     "chunk_plan",
     "is_dynamic_cache",
     "completion_logits",
+    "completion_scores",
     "prompt_groups",
     "row_activation_bytes",
     "score_completions",
@@ -137,16 +139,36 @@ def completion_logits(model: nn.Module, batch: AgentBatch) -> torch.Tensor:
 
 
 def _score(model: nn.Module, batch: AgentBatch, temperature: float, entropy: bool, entropy_grad: bool = False):
-    """`(log-probs (B, C), token entropies (B, C) or None)` of one forward (`completion_logits`); the entropies carry
-    the gradient only with `entropy_grad` (an entropy bonus)."""
-    logits = completion_logits(model, batch)
-    logits = logits.float() if logits.dtype != torch.float32 else logits
-    logp = token_logprobs(logits, batch.completion_ids, temperature)
+    """`(log-probs (B, C), token entropies (B, C) or None)` of one forward (`completion_logits`), through the fused
+    head where it applies (`trl_marl.models.fused_head`)."""
+    with fused_scoring(model) as head:
+        head_output = completion_logits(model, batch)
+    return completion_scores(head_output, batch.completion_ids, temperature, entropy, entropy_grad, head)
+
+
+def completion_scores(
+    head_output: torch.Tensor,
+    completion_ids: torch.Tensor,
+    temperature: float,
+    entropy: bool,
+    entropy_grad: bool = False,
+    head: nn.Linear | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(log-probs (B, C), token entropies (B, C) or None)` of `log_softmax(logits / temperature)` at
+    `completion_ids`, from the forward's output at the positions predicting them: the logits `(B, C, V)`, or with
+    `head` (a forward inside `fused_scoring`) the head's input `(B, C, H)`, scored by TRL's chunked kernel without
+    materialising the logits. The entropies carry the gradient only with `entropy_grad` (an entropy bonus)."""
+    grad = entropy_grad and torch.is_grad_enabled()
+    if head is not None:
+        logp, ent = head_logprobs(head_output, head, completion_ids, temperature, entropy)
+        return logp, (ent if ent is None or grad else ent.detach())
+    logits = head_output.float() if head_output.dtype != torch.float32 else head_output
+    logp = token_logprobs(logits, completion_ids, temperature)
     if not entropy:
         return logp, None
     from trl.trainer.utils import entropy_from_logits  # TRL's chunked entropy, as GRPOTrainer logs it
 
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+    with torch.set_grad_enabled(grad):
         return logp, entropy_from_logits((logits if entropy_grad else logits.detach()) / temperature)
 
 
@@ -158,14 +180,16 @@ def budget_bytes(model: nn.Module) -> int:
     return max(4 * int(size), MIN_BUDGET_BYTES)
 
 
-def row_activation_bytes(config: Any, tokens: float, sequence: int, completion: int, element_size: int) -> int:
+def row_activation_bytes(
+    config: Any, tokens: float, sequence: int, completion: int, element_size: int, logits: bool = True
+) -> int:
     """Activations one row keeps for the backward when it runs `tokens` tokens of a `sequence`-token sequence
     (`completion` of them scored): per decoder layer and token `34 h + 5 a s` bytes in 16-bit (Korthikanti et al.
-    2022, scaled by `element_size / 2`), plus the fp32 logits and log-softmax of the completion positions
-    (`trl_marl.distributed.memory`'s formula, for one row)."""
+    2022, scaled by `element_size / 2`), plus, with `logits` (not on the fused head's path), the fp32 logits and
+    log-softmax of the completion positions (`trl_marl.distributed.memory`'s formula, for one row)."""
     h, a = config.hidden_size, config.num_attention_heads
     per_token = config.num_hidden_layers * (34 * h + 5 * a * sequence) * element_size / 2
-    return int(tokens * per_token) + 2 * (completion + 1) * config.vocab_size * 4
+    return int(tokens * per_token) + (2 * (completion + 1) * config.vocab_size * 4 if logits else 0)
 
 
 def _per_row(model: nn.Module, batch: AgentBatch) -> tuple[int, int] | None:
@@ -178,7 +202,8 @@ def _per_row(model: nn.Module, batch: AgentBatch) -> tuple[int, int] | None:
     P = batch.input_ids.shape[1] - C
     groups = len(prompt_groups(batch))
     element = next(model.parameters()).element_size()
-    return max(row_activation_bytes(config, C + P * groups / B, P + C, C, element), 1), B // groups
+    logits = fused_head(model) is None
+    return max(row_activation_bytes(config, C + P * groups / B, P + C, C, element, logits), 1), B // groups
 
 
 def chunk_plan(

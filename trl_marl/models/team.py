@@ -16,10 +16,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from trl_marl.algorithms.logprobs import token_logprobs
 from trl_marl.data_types.batches import AgentBatch
+from trl_marl.models.fused_head import fused_scoring
 from trl_marl.models.loading import _name_or_path
-from trl_marl.models.scoring import chunk_plan, completion_logits, score_completions
+from trl_marl.models.scoring import chunk_plan, completion_logits, completion_scores, score_completions
 
 __all__ = ["TeamConfig", "TeamModel", "forward_completions", "masked_mean_entropy", "agent_token_logprobs"]
 
@@ -212,36 +212,34 @@ def forward_completions(
 
     The log-probs are `log_softmax(logits / temperature)` at the completion tokens: pass the temperature the
     completions were sampled at (TRL's GRPOTrainer divides by it too). The entropy is TRL's `entropy_from_logits`
-    of the same tempered logits, computed without gradient from the logits this forward already produced.
-    Position ids follow the attention mask (as `generate` computes them for left-padded prompts), so the scores
-    match what the policy sampled. Only the last `C + 1` positions' logits are materialised (`logits_to_keep`).
+    of the same tempered logits (`trl_marl.models.scoring.completion_scores`). Position ids follow the attention
+    mask (as `generate` computes them for left-padded prompts), so the scores match what the policy sampled. Only
+    the last `C + 1` positions' logits are materialised (`logits_to_keep`), and none where the fused head applies
+    (`trl_marl.models.fused_head`: the model output's `logits` are then the head's input; read `hidden_states`).
     Without `output_hidden_states` the model output is None and each prompt runs once for its samples
     (`trl_marl.models.scoring.completion_logits`).
     """
     device = next(model.parameters()).device
     batch = batch.to(device)
-    if output_hidden_states:
-        position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=position_ids,
-            logits_to_keep=batch.num_completion_tokens + 1,
-            use_cache=False,
-            output_hidden_states=True,
-        )
-        logits = out.logits[:, :-1, :]  # prediction for each completion token
-    else:
-        out, logits = None, completion_logits(model, batch)
-    logits = logits.float() if logits.dtype != torch.float32 else logits
-    logp = token_logprobs(logits, batch.completion_ids, temperature)
-    if not return_entropy:
-        return out, logp
-    from trl.trainer.utils import entropy_from_logits  # TRL's chunked entropy, as GRPOTrainer logs it
-
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = entropy_from_logits((logits if entropy_grad else logits.detach()) / temperature)
-    return out, logp, entropy
+    out = None
+    with fused_scoring(model) as head:
+        if output_hidden_states:
+            position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+            out = model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=position_ids,
+                logits_to_keep=batch.num_completion_tokens + 1,
+                use_cache=False,
+                output_hidden_states=True,
+            )
+            head_output = out.logits[:, :-1, :]  # prediction for each completion token
+        else:
+            head_output = completion_logits(model, batch)
+    logp, entropy = completion_scores(
+        head_output, batch.completion_ids, temperature, return_entropy, entropy_grad, head
+    )
+    return (out, logp, entropy) if return_entropy else (out, logp)
 
 
 def masked_mean_entropy(token_entropy: torch.Tensor, completion_mask: torch.Tensor) -> float:

@@ -24,33 +24,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trl_marl.models.adapters import causal_lm
 from trl_marl.trainers.preference.trl_pieces import DataCollatorForPreference, add_fused_lm_head
 
 __all__ = ["PreferenceBatch", "fused_lm_head"]
-
-
-def _causal_lm(model: nn.Module) -> nn.Module:
-    """The transformers causal LM whose `forward` the fused head patches: through an adapter view of a shared base
-    (`trl_marl.models.adapters.AdapterAgent`), a PEFT model (TRL: "add the head before wrapping with PEFT", i.e. on the
-    base model) and an engine wrapper (`.module`: DeepSpeed, DDP)."""
-    from trl_marl.models.adapters import AdapterAgent
-
-    while True:
-        if isinstance(model, AdapterAgent):
-            model = model.shared
-        elif callable(getattr(model, "get_base_model", None)):
-            model = model.get_base_model()
-        elif isinstance(getattr(model, "module", None), nn.Module):
-            model = model.module
-        else:
-            return model
 
 
 @contextmanager
 def fused_lm_head(model: nn.Module, temperature: float = 1.0, outputs: tuple[str, ...] = ("log_probs",)) -> Iterator:
     """TRL's `add_fused_lm_head` on `model`'s causal LM for the duration of the block, then the forward it had
     before (an instance-level forward, e.g. a wrapper's, is restored as it was)."""
-    target = _causal_lm(model)
+    target = causal_lm(model)
     saved = target.__dict__.get("forward")
     add_fused_lm_head(target, temperature=temperature, outputs=outputs)
     try:
