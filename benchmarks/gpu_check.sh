@@ -9,11 +9,11 @@
 #   GPU_CHECK_DEVICE=cpu bash benchmarks/gpu_check.sh /tmp/gpu_check.json   # the same commands at smoke size on CPU
 #
 # Needs a Python environment with a CUDA torch, TRL and trl_marl; no network (models are random weights built
-# locally). vLLM 0.22-0.31 (`pip install "trl-marl[vllm]"`) is optional: without it the vLLM runs are skipped and
-# the script says so. Shapes: the Qwen2-0.5B shape (hidden 896, 24 layers, 14 heads / 2 KV heads, intermediate 4864,
-# vocab 151936) and the tiny head_dim-64 Llama; 8 prompts x G=4, 16 and 128 new tokens; 2 warm-up + 5 timed steps
-# per configuration. Engine start-up and weight-sync cost are reported apart. Each run is its own process.
-# Expected wall time on an H200: about 4 minutes without vLLM (building the 0.5B folder once, then 6 runs).
+# locally). vLLM 0.22-0.31 (`pip install "trl-marl[vllm]"`) is optional: without it (or at another version) the vLLM
+# runs are skipped and the script says why. Shapes: the Qwen2-0.5B shape (hidden 896, 24 layers, 14 heads / 2 KV
+# heads, intermediate 4864, vocab 151936) and the tiny head_dim-64 Llama; 8 prompts x G=4, 16 and 128 new tokens;
+# 2 warm-up + 5 timed steps per configuration. Engine start-up and weight-sync cost are reported apart. Each run is
+# its own process. Expected wall time on an H200: about 4 minutes without vLLM (the 0.5B folder built once, 6 runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
@@ -30,22 +30,27 @@ else
     exit 2
 fi
 VLLM="$("$PY" - "${SIZE[1]}" <<'PYEOF'
-import importlib.util, sys
+import sys
 
 import torch
 
 if sys.argv[1] == "cuda":
     assert torch.cuda.is_available(), "gpu_check.sh needs a CUDA device (GPU_CHECK_DEVICE=cpu: a smoke run on CPU)"
-found = importlib.util.find_spec("vllm") is not None
+from trl_marl.generation.vllm_backend import check_vllm_available
+
+try:
+    vllm = f"vLLM {check_vllm_available()}"
+except ImportError as exc:  # missing, or outside the versions TRL 1.16 supports
+    vllm = f"no usable vLLM ({exc})"
 device = torch.cuda.get_device_name(0) if sys.argv[1] == "cuda" else "cpu"
-print(f"device: {device} | torch {torch.__version__} | vLLM {'found' if found else 'NOT installed'}", file=sys.stderr)
-print(int(found))
+print(f"device: {device} | torch {torch.__version__} | {vllm}", file=sys.stderr)
+print(int(vllm.startswith("vLLM ")))
 PYEOF
 )"
 if [[ "$VLLM" == 1 ]]; then
     BACKEND=()
 else
-    echo "vLLM is not installed: HF generate only (the vLLM runs are skipped)"
+    echo "vLLM is not installed (or not a version TRL 1.16 supports): HF generate only (the vLLM runs are skipped)"
     BACKEND=(--backend hf)
 fi
 "$PY" benchmarks/vllm_throughput.py "${SIZE[@]}" "${BACKEND[@]}" --models "${MODELS[@]}" --tokens "${TOKENS[@]}" \

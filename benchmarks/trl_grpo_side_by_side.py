@@ -9,7 +9,8 @@ One policy (MAGRPO with `num_agents=1` is GRPO's setting: a group of G samples p
 Activation checkpointing is the same in both: off, or on with `--gradient_checkpointing` (the libraries' defaults
 differ: TRL's GRPOConfig turns it on, trl_marl's configs leave it off).
 With `--use_vllm` both sample with colocated vLLM (TRL: `vllm_mode="colocate"`; TRL looks for the distribution `vllm`,
-so this needs the CUDA build). Reports seconds per step, prompts per second and peak RSS, and trl_marl / TRL.
+so this needs the CUDA build). Reports seconds per step, prompts per second, peak RSS and, on a GPU, peak CUDA memory,
+and trl_marl / TRL.
 """
 
 from __future__ import annotations
