@@ -41,6 +41,7 @@ from torch import nn
 
 from trl_marl.generation.vllm_protocol import prompt_seeds
 from trl_marl.generation.vllm_sampling import SampledRow, VLLMSampling
+from trl_marl.models.adapters import causal_lm
 
 if TYPE_CHECKING:
     from trl_marl.generation.hf import HFGeneration
@@ -182,12 +183,6 @@ def _validate_server_args(args: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------- weights
-def _base_model(model: nn.Module) -> nn.Module:
-    """The transformers model under an adapter view / PEFT wrapper."""
-    model = getattr(model, "shared", model)  # AdapterAgent -> the shared PeftModel
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def _is_peft(model: nn.Module) -> bool:
     from accelerate.utils import is_peft_model
 
@@ -262,7 +257,7 @@ def _set_distributed_env(accelerator) -> None:
 def _engine_folder(model: nn.Module, scratch: str) -> tuple[str, str]:
     """(folder, load_format) to start an engine for `model`: its own local folder when it has one, else a folder
     holding only its config, loaded with random (`"dummy"`) weights that the first sync overwrites."""
-    base = _base_model(model)
+    base = causal_lm(model)
     path = getattr(getattr(base, "config", None), "_name_or_path", "") or ""
     if os.path.isfile(os.path.join(path, "config.json")) and any(
         f.endswith((".safetensors", ".bin")) for f in os.listdir(path)
@@ -360,7 +355,7 @@ class VLLMTeamGeneration(VLLMSampling):
 
         args = self.args
         folder, load_format = _engine_folder(model, self._scratch)
-        dtype = next(_base_model(model).parameters()).dtype
+        dtype = next(causal_lm(model).parameters()).dtype
         kwargs: dict[str, Any] = dict(
             model=folder,
             load_format=load_format,

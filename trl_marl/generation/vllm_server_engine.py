@@ -36,6 +36,7 @@ import torch
 
 from trl_marl.generation.vllm_client import VLLMServerClient, VLLMServerError
 from trl_marl.generation.vllm_sampling import SampledRow, VLLMSampling
+from trl_marl.models.adapters import causal_lm
 
 if TYPE_CHECKING:
     from trl_marl.generation.hf import HFGeneration
@@ -139,7 +140,7 @@ class VLLMServerGeneration(VLLMSampling):
         for i, agent in enumerate(agents):
             client = self._client(i)
             entry = self._served(i, client.info)
-            vocab = _base_config(agent).vocab_size
+            vocab = causal_lm(agent).config.vocab_size
             if entry["vocab_size"] != vocab:
                 raise ValueError(
                     f"vLLM server {client.base_url} (agent {i + 1}) serves {entry['model']} with vocab_size "
@@ -270,13 +271,6 @@ class VLLMServerGeneration(VLLMSampling):
         """Close the connections (the servers keep running)."""
         for client in self.clients:
             client.close()
-
-
-def _base_config(agent: Any) -> Any:
-    """The transformers config of an agent (an adapter view, a PEFT model or a plain model)."""
-    model = getattr(agent, "shared", agent)
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return model.config
 
 
 def _has_adapter(agent: Any) -> bool:

@@ -38,7 +38,7 @@ from transformers.utils import is_triton_available
 from trl_marl.distributed.collective import is_sharded
 from trl_marl.models.adapters import causal_lm
 
-__all__ = ["VOCAB_TILE", "fused_head", "fused_scoring", "head_inputs_as_logits", "head_logprobs"]
+__all__ = ["VOCAB_TILE", "fused_head", "fused_scoring", "head_logprobs"]
 
 # Vocabulary columns per projection tile (TRL's `_CHUNKED_LOGPROB_CHUNK_SIZE` in trl.trainer.utils)
 VOCAB_TILE = 32768
@@ -77,34 +77,28 @@ def fused_head(model: nn.Module) -> tuple[PreTrainedModel, nn.Linear] | None:
 
 
 @contextmanager
-def head_inputs_as_logits(lm: PreTrainedModel, head: nn.Linear) -> Iterator[None]:
-    """Inside, `lm`'s forward returns the head's input (the final hidden states) as its `logits`. Re-entrant and
-    thread-safe: agents scored in threads may share one base model; the head is back when the last one leaves."""
+def fused_scoring(model: nn.Module) -> Iterator[nn.Linear | None]:
+    """Yields the head when `fused_head(model)` applies, with the causal LM returning the head's input (the final
+    hidden states) as its forward's `logits` inside the block; else None, and the forward is untouched. Re-entrant
+    and thread-safe: agents scored in threads may share one base model; the head is back when the last one leaves."""
+    fused = fused_head(model)
+    if fused is None:
+        yield None
+        return
+    lm, head = fused
     with _swap_lock:
         entry = _swapped.setdefault(id(lm), [0, head])
         if entry[0] == 0:
             lm.set_output_embeddings(nn.Identity())
         entry[0] += 1
     try:
-        yield
+        yield head
     finally:
         with _swap_lock:
             entry[0] -= 1
             if entry[0] == 0:
-                lm.set_output_embeddings(entry[1])
+                lm.set_output_embeddings(head)
                 del _swapped[id(lm)]
-
-
-@contextmanager
-def fused_scoring(model: nn.Module) -> Iterator[nn.Linear | None]:
-    """Yields the head when `fused_head(model)` applies, with the head's input returned as the forward's `logits`
-    inside the block; else None, and the forward is untouched (its `logits` are logits)."""
-    fused = fused_head(model)
-    if fused is None:
-        yield None
-        return
-    with head_inputs_as_logits(*fused):
-        yield fused[1]
 
 
 def head_logprobs(
