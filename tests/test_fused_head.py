@@ -194,3 +194,13 @@ def test_peft_agents_and_adapter_views_reach_the_causal_lm():
         LoraConfig(r=4, target_modules=["q_proj", "lm_head"]),
     )
     assert fused_head(head_lora) is None
+
+
+def test_a_forward_that_does_not_return_the_heads_input_is_refused():
+    """A custom model whose forward does more than `lm_head(hidden)` hands the kernel features of another width:
+    a clear error naming both widths, not a silent wrong score."""
+    from trl_marl.models.fused_head import head_logprobs
+
+    head = torch.nn.Linear(8, 50, bias=False)
+    with pytest.raises(RuntimeError, match="the model returned 6 features per token where its head takes 8"):
+        head_logprobs(torch.zeros(2, 3, 6), head, torch.zeros(2, 3, dtype=torch.long), 1.0, entropy=False)
