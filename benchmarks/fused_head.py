@@ -5,7 +5,10 @@
 
 One forward and backward of `score_completions` (as the loss forward runs it: each prompt once for its samples, log-
 probs and entropies, under bf16 autocast by default) over 8 prompts x G=4 completions of up to `--tokens` tokens,
-with the fused head (`trl_marl.models.fused_head`) and with it turned off, same model, batch and seed. Reported per
+with the fused head (`trl_marl.models.fused_head`) and with it turned off, same model, batch and seed. `--rows auto`
+(the default) cuts the rows as the loss forward does (`trl_marl.models.scoring.chunk_plan`: its estimate leaves the
+logits out on the fused path, so the two paths' chunks, and what the backward recomputes, differ); `--rows batch`
+scores them in one chunk on both paths: the head alone. Reported per
 path: seconds (best of `--repeats` after a first call, which is reported apart: Triton compiles the kernel there on
 CUDA), and the peak of memory held above what the model held before: CUDA's `max_memory_allocated` on a GPU, the peak
 of live tensor bytes on CPU (every operation's output tracked until freed: a `TorchDispatchMode`, so the figure is
@@ -101,12 +104,13 @@ def run_one(args) -> dict:
             completions.append(torch.randint(3, high, (length,), generator=g))
     batch = collate_agent_batch(prompts, completions, 0).to(args.device)
     mask = batch.completion_mask
+    rows = len(prompts) if args.rows == "batch" else None
     cuda = args.device == "cuda"
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
 
     def step():
         with autocast:
-            logp, entropy = score_completions(model, batch, 1.0, return_entropy=True)
+            logp, entropy = score_completions(model, batch, 1.0, return_entropy=True, rows=rows)
             loss = -(logp * mask).sum() / mask.sum()
         loss.backward()
         return logp.detach().float(), entropy.float()
@@ -162,6 +166,7 @@ def main(argv=None) -> dict:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--num_generations", type=int, default=4)
     p.add_argument("--tokens", type=int, default=64, help="completions of tokens/2 to tokens tokens")
+    p.add_argument("--rows", choices=["auto", "batch"], default="auto", help="chunks: the loss forward's, or one")
     p.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--output", type=Path, default=RESULTS / "fused_head.json")

@@ -135,6 +135,30 @@ def test_chunked_scoring_keeps_one_chunk_of_activations(model):
     assert chunked < 0.25 * whole, (chunked, whole)  # measured 0.13: one 2-row chunk of 12 rows, and inputs
 
 
+@pytest.mark.parametrize(("rows", "recomputed"), [(5, 7), (4, 8), (12, 0)])
+def test_the_backward_recomputes_all_but_one_full_chunk(model, monkeypatch, rows, recomputed):
+    """The last chunk's graph is kept and the others are recomputed in the backward; the short chunk runs first, so
+    the kept one is full and the backward recomputes `B - rows` rows (12 rows in chunks of 5: 7; the old order, the
+    short chunk last, recomputed 10). The scores are those of one forward."""
+    batch = grouped_batch(G=4)
+    sizes: list[int] = []
+    real = scoring._score
+
+    def counted(model, chunk, *args, **kwargs):
+        sizes.append(chunk.input_ids.shape[0])
+        return real(model, chunk, *args, **kwargs)
+
+    monkeypatch.setattr(scoring, "_score", counted)
+    logp = score_completions(model, batch, 0.7, rows=rows)[0]
+    forward = list(sizes)
+    weighted(logp, batch).backward()
+    model.zero_grad(set_to_none=True)
+    assert sum(forward) == 12 and forward[-1] == min(rows, 12)
+    assert sum(sizes[len(forward) :]) == recomputed, sizes
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(logp[mask], plain_scores(model, batch)[mask], atol=1e-5)
+
+
 def test_the_automatic_plan_is_one_forward_within_the_budget_and_group_aligned_chunks_above(model, monkeypatch):
     batch = grouped_batch(G=4)
     assert chunk_plan([model, model], [batch, None]) == [(12, True), None]

@@ -16,9 +16,10 @@ forward's `logits` are the final hidden states, and `head_logprobs` applies the 
 causal LM reached through our adapter views, PEFT and engine wrappers (`trl_marl.models.adapters.causal_lm`), with
 no logit transform in its config (soft-capping, logit scales: the forward would apply them to the hidden states),
 the model not sharded (ZeRO-3 / FSDP2 gather parameters inside the head's own forward), and on a device where
-Triton runs the kernel (CUDA, XPU). There the fused path is faster and smaller: one forward and backward of the
-Qwen2-0.5B shape over 32 rows of up to 128 tokens on an H200, bf16, 0.44 s against 0.50 s and 5.96 GB against
-7.99 GB above the weights (`benchmarks/fused_head.py`). Without Triton the kernel folds each tile with torch ops,
+Triton runs the kernel (CUDA, XPU). There the fused path trades scoring time for memory: one forward and backward
+of the Qwen2-0.5B shape over 32 rows of up to 128 tokens on an H200, bf16, in one chunk 8.4 GB against 13.6 GB above
+the weights in 1.35x the time (the backward projects the head again); in the loss forward's automatic chunks 7.5
+against 8.0 GB in 1.05x the time (`benchmarks/fused_head.py`). Without Triton the kernel folds each tile with torch ops,
 about eight fp32 temporaries of tokens x 32,768: on CPU, with Qwen2's vocabulary on a small body, it took 1.38-1.44x the
 time and 2.45x the peak of live tensors of the materialised path, which the memory budget cuts into chunks
 (`benchmarks/fused_head.py`'s default), so the CPU keeps the logits.

@@ -17,8 +17,8 @@ forward per step keeps the engine's parameter fetching in its recorded order: a 
 agent's graph at once when one team forward scores them all, the peak of a step (on one process the REINFORCE family
 scores one agent per team forward and backpropagates it before the next, and cuts an agent's rows into the parts of
 `backward_parts`, each backpropagated right after its forward: `trl_marl.trainers.agent_losses`).
-`score_completions` cuts the rows into chunks of `rows` rows (`logprob_batch_size`); every chunk but the last runs
-under non-reentrant activation checkpointing (`torch.utils.checkpoint`): its forward keeps only its inputs and
+`score_completions` cuts the rows into chunks of `rows` rows (`logprob_batch_size`; the short one first, so the last
+chunk is a full one); every chunk but the last runs under non-reentrant activation checkpointing (`torch.utils.checkpoint`): its forward keeps only its inputs and
 log-probs, and the backward recomputes its graph, one chunk at a time. The peak transient is one chunk's graph instead
 of every agent's, for one more forward of the checkpointed chunks. Without gradients (reference and gap scoring)
 chunks simply run one after another. The automatic size (`rows=None`) keeps a chunk's activations within
@@ -303,9 +303,10 @@ def score_completions(
     if rows >= B and keep_last:
         return _score(model, batch, temperature, return_entropy, entropy_grad)
     logps, entropies = [], []
-    starts = list(range(0, B, rows))
-    for k, start in enumerate(starts):
-        chunk = batch_rows(batch, start, min(start + rows, B))
+    # the short chunk first: the kept last one is full, so the backward recomputes B - rows rows, not B - B % rows
+    starts = sorted({0, *range(B % rows, B, rows)})
+    for k, (start, stop) in enumerate(zip(starts, starts[1:] + [B])):
+        chunk = batch_rows(batch, start, stop)
         kept = keep_last and k == len(starts) - 1  # the backward needs the last chunk's graph first
         if torch.is_grad_enabled() and not kept:
             logp, ent = checkpoint(
