@@ -52,9 +52,41 @@ def test_warm_up_runs_the_fused_heads_kernels_once_per_head_and_leaves_no_gradie
             return ChunkedLogProbFunction.backward(ctx, *grads)
 
     monkeypatch.setattr("trl.kernels.ChunkedLogProbFunction", Counted)
-    monkeypatch.setattr(warmup, "score_completions", lambda *a, **k: None)  # count the head's own warm-up only
+    monkeypatch.setattr(warmup, "_warm_scoring", lambda *a: None)  # count the head's own warm-up only
     trainer = MAGRPOTrainer(
         model=tiny_path, reward_funcs=lambda c1, c2: [0.0] * len(c1), args=make_args(), train_dataset=items
     )
     assert trainer.team.num_agents == 2 and calls == ["forward", "backward"] * 2
+    assert all(p.grad is None for p in trainer.team.parameters())
+
+
+def test_warm_up_runs_a_backward_through_every_agents_layers_and_samples_its_decode(
+    make_args, tiny_path, items, monkeypatch
+):
+    """The first backward through a model loads its gradient kernels (on CUDA, at their first launch): the warm-up
+    runs one per agent, through every decoder layer, and writes no `.grad`; its decode samples as training does (the
+    random streams are restored: the test above)."""
+    backward: list[int] = []
+    sampled: list[bool] = []
+    real = warmup.warm_up
+
+    def traced(trainer):
+        for i, agent in enumerate(trainer.team.agents):
+            for layer in agent.model.layers:
+                layer.register_full_backward_hook(lambda m, gi, go, i=i: backward.append(i))
+        generate = trainer.generation.generate
+        monkeypatch.setattr(
+            trainer.generation,
+            "generate",
+            lambda prompts, n, greedy=False: (sampled.append(not greedy), generate(prompts, n, greedy))[1],
+        )
+        real(trainer)
+
+    monkeypatch.setattr(warmup, "warm_up", traced)
+    trainer = MAGRPOTrainer(
+        model=tiny_path, reward_funcs=lambda c1, c2: [0.0] * len(c1), args=make_args(), train_dataset=items
+    )
+    layers = len(trainer.team.agents[0].model.layers)
+    assert backward == [0] * layers + [1] * layers
+    assert sampled == [True]
     assert all(p.grad is None for p in trainer.team.parameters())
