@@ -193,6 +193,34 @@ def test_evaluate_logs_task_reward(make_args, items, tiny_path):
     assert any("eval_reward" in h for h in t.state.log_history)
 
 
+def test_an_evaluation_outside_train_has_the_process_group_destroyed_at_exit(make_args, items, tiny_path, monkeypatch):
+    """An evaluation-only script ends after the evaluation's collectives (its gather) as a training script ends after
+    training's: the exit hook that lets gloo's workers release their last work must be registered
+    (`trl_marl.distributed.collective.destroy_process_group_at_exit`); before, only `train()` registered it. Inside
+    `train()` an evaluation does not (the hook waits for the run's success), nor does a failed one."""
+    import trl_marl.trainers.base as base
+
+    registered = []
+    monkeypatch.setattr(base, "destroy_process_group_at_exit", lambda: registered.append(True), raising=False)
+    t = MAGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=length_reward,
+        args=make_args(eval_num_samples=2),
+        train_dataset=items,
+        eval_dataset=items,
+    )
+    t.is_in_train = True
+    t.evaluate()
+    assert registered == []
+    t.is_in_train = False
+    with pytest.raises(ValueError, match="eval_dataset"):
+        t.eval_dataset = None
+        t.evaluate()
+    assert registered == []
+    t.evaluate(items)
+    assert registered == [True]
+
+
 def test_eval_interval_sets_the_strategy(make_args):
     args = make_args(eval_interval=5)
     assert args.eval_strategy == "steps" and args.eval_steps == 5

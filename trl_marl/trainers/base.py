@@ -34,6 +34,7 @@ from trl_marl.data_types.batches import AgentBatch, collate_agent_batch
 from trl_marl.data_types.rng import RNGStreams
 from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample
 from trl_marl.data_types.text import UNKNOWN_EOS, PromptText
+from trl_marl.distributed.collective import destroy_process_group_at_exit
 from trl_marl.distributed.fsdp import enable_fsdp_on_cpu, is_fsdp2, shard_team
 from trl_marl.distributed.memory import (
     MMAP_THRESHOLD,
@@ -490,10 +491,14 @@ class MultiAgentTrainer(_BaseTrainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Sample the current agents on the eval items and score them with the TASK reward (`TaskEvaluator`); logs
-        and returns `{prefix}_reward` (the mean undiscounted team return from the first turn) and the other metrics."""
+        and returns `{prefix}_reward` (the mean undiscounted team return from the first turn) and the other metrics.
+        Called outside `train()` (an evaluation-only script), a successful evaluation has the process group destroyed
+        at exit, as a successful `train()` does (`destroy_process_group_at_exit`: its collectives' gloo workers)."""
         metrics = self.evaluate_reward(eval_dataset, metric_key_prefix)
         self.log(dict(metrics))
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        if not self.is_in_train:  # inside train() the hook waits for the run's success (checkpoints.run_training)
+            destroy_process_group_at_exit()
         return metrics
 
     def evaluate_reward(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
