@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import _common
+from vllm_throughput import SHAPES as VLLM_SHAPES
 
 _common.set_offline_env()
 
@@ -30,16 +31,7 @@ SHAPES = {
         hidden_size=512, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8
     ),
 }
-SHAPES["qwen0.5b (h896, 24 layers, vocabulary 151,936)"] = dict(
-    architecture="qwen2",
-    vocab_size=151936,
-    hidden_size=896,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    max_position_embeddings=4096,
-)
+SHAPES["qwen0.5b (h896, 24 layers, vocabulary 151,936)"] = VLLM_SHAPES["qwen0.5b"]  # Qwen2-0.5B
 SHAPE_KEYS = {name.split(" (")[0]: name for name in SHAPES}  # `--shapes tiny model-shaped qwen0.5b`
 
 

@@ -95,8 +95,9 @@ def destroy_process_group_at_exit() -> None:
     `atexit` runs while the interpreter is whole: there the hook destroys the group (which joins the workers where
     nothing else holds it) and lets the workers run out (`wait_for_gloo_workers`), since DeepSpeed's parameters and
     DDP's reducer keep the group alive past `destroy_process_group`. The trainers register this after a successful
-    `train()`, or a successful `evaluate()` outside of it (an evaluation-only script), only: after an error a process's peers may still be inside a collective, where destroying a NCCL
-    group can block (torchtitan destroys on success only, for the same reason)."""
+    `train()`, or a successful `evaluate()` outside of it (an evaluation-only script), and only then: after an error
+    a process's peers may still be inside a collective, where destroying a NCCL group can block (torchtitan destroys
+    on success only, for the same reason)."""
     atexit.register(_destroy_process_group)
 
 

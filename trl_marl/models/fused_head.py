@@ -19,10 +19,10 @@ the model not sharded (ZeRO-3 / FSDP2 gather parameters inside the head's own fo
 Triton runs the kernel (CUDA, XPU). There the fused path trades scoring time for memory: one forward and backward
 of the Qwen2-0.5B shape over 32 rows of up to 128 tokens on an H200, bf16, in one chunk 8.4 GB against 13.6 GB above
 the weights in 1.35x the time (the backward projects the head again); in the loss forward's automatic chunks 7.5
-against 8.0 GB in 1.05x the time (`benchmarks/fused_head.py`). Without Triton the kernel folds each tile with torch ops,
-about eight fp32 temporaries of tokens x 32,768: on CPU, with Qwen2's vocabulary on a small body, it took 1.38-1.44x the
-time and 2.45x the peak of live tensors of the materialised path, which the memory budget cuts into chunks
-(`benchmarks/fused_head.py`'s default), so the CPU keeps the logits.
+against 8.0 GB in 1.05x the time (`benchmarks/fused_head.py`). Without Triton the kernel folds each tile with torch
+ops, about eight fp32 temporaries of tokens x 32,768: on CPU, with Qwen2's vocabulary on a small body, it took
+1.38-1.44x the time and 2.45x the peak of live tensors of the materialised path, which the memory budget cuts into
+chunks (`benchmarks/fused_head.py`'s default), so the CPU keeps the logits.
 """
 
 from __future__ import annotations
