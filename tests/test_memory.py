@@ -12,6 +12,7 @@ from peft import LoraConfig
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from trl_marl import MAGRPOConfig, MAPPOConfig
+from trl_marl.distributed import memory
 from trl_marl.distributed.memory import count_parameters, estimate, layer_parameters, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -343,3 +344,56 @@ def test_the_rollouts_tensors_reuse_the_heap_and_give_it_back():
     assert r["mapped"] >= 8 * 1000, r  # mapped: every page faulted in again
     assert r["heap"] < r["mapped"] / 10, r
     assert r["after_exit"] < r["before"] + 16, r  # the 64 MiB held inside were trimmed
+
+
+KEEP_SCRIPT = """
+import json, resource, sys
+import torch
+from datasets import Dataset
+from trl_marl import MAGRPOConfig, MAGRPOTrainer
+from trl_marl.distributed import memory
+from trl_marl.testing import tiny_model_path
+import trl_marl.trainers.base as base
+
+if sys.argv[1] == "big":  # stands for agents of the limit's size: the threshold stays
+    base.ONE_PROCESS_MMAP_MIN_AGENT_BYTES = 0
+args = MAGRPOConfig(output_dir=sys.argv[2], use_cpu=True, num_agents=2, report_to="none", max_steps=1)
+trainer = MAGRPOTrainer(model=tiny_model_path(), reward_funcs=lambda a, b: [0.0] * len(a), args=args,
+                        train_dataset=Dataset.from_list([{"prompt": "Hi"}] * 8))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(8):
+    t = torch.ones(1 << 18)  # 1 MiB, every page touched, freed: mapped again each time above the threshold
+    del t
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps({"threshold": memory._threshold, "faults": faults}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_one_process_small_agents_keep_freed_tensors_on_the_heap(tmp_path):
+    """One CPU process whose agents weigh under `ONE_PROCESS_MMAP_MIN_AGENT_BYTES` (the tiny reference model) lifts
+    the 512 KiB mmap threshold once the team is loaded: an activation-sized tensor freed and allocated again reuses
+    heap pages (the first one faults its 256 pages; the old code mapped each anew: 8 x 256 faults, a tiny model's
+    step 1.2-1.5x as long);
+    agents at the limit keep the threshold. In subprocesses: the allocator settings are process-wide."""
+    results = {}
+    for size in ("small", "big"):
+        proc = subprocess.run(
+            [sys.executable, "-c", KEEP_SCRIPT, size, str(tmp_path / size)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[size] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["big"]["threshold"] == memory.ONE_PROCESS_MMAP_THRESHOLD
+    assert results["big"]["faults"] >= 8 * 200, results
+    assert results["small"]["threshold"] is None
+    assert results["small"]["faults"] < 2 * 256, results  # the first tensor's pages only
+
+
+def test_keep_freed_tensors_lifts_only_a_threshold_it_set(monkeypatch):
+    monkeypatch.setattr(memory, "_threshold", None)
+    assert memory.keep_freed_tensors() is False  # nothing was set: nothing to lift
+    assert memory.largest_weights_bytes([torch.nn.Linear(4, 2), "an API agent", torch.nn.Linear(8, 4)]) == (32 + 4) * 4
+    assert memory.largest_weights_bytes(["an API agent"]) == 0

@@ -38,8 +38,11 @@ from trl_marl.distributed.collective import destroy_process_group_at_exit
 from trl_marl.distributed.fsdp import enable_fsdp_on_cpu, is_fsdp2, shard_team
 from trl_marl.distributed.memory import (
     MMAP_THRESHOLD,
+    ONE_PROCESS_MMAP_MIN_AGENT_BYTES,
     ONE_PROCESS_MMAP_THRESHOLD,
     freed_tensors_reused,
+    keep_freed_tensors,
+    largest_weights_bytes,
     return_freed_tensors_to_os,
 )
 from trl_marl.distributed.zero3 import fill_bucket_sizes, is_zero3, zero3_init_flag_honoured
@@ -197,6 +200,9 @@ class MultiAgentTrainer(_BaseTrainer):
                     team = self._build_team(models, names, args)
             else:
                 team = TeamModel(models, names, shared=shared)
+        small = largest_weights_bytes(models) < ONE_PROCESS_MMAP_MIN_AGENT_BYTES
+        if args.device.type == "cpu" and args.world_size == 1 and small:
+            keep_freed_tensors()  # small agents: their pages' faults cost more than the RSS they give back
         team.temperature = args.temperature  # log-probs of sampled completions are taken on logits / temperature
         team.logprob_batch_size = args.logprob_batch_size  # rows per scoring forward (trl_marl.models.scoring)
         if args.parallel_training == "mp":
