@@ -154,7 +154,7 @@ ONE_PROCESS_MMAP_THRESHOLD = 512 << 10
 # their pages' faults are a large share of a step whose products are small: on the tiny reference model (hidden 64,
 # 16 tokens, 8 prompts x 4) 0.118-0.126 s a step against 0.101-0.111 s on the heap, 0.213-0.218 against 0.143-0.153 s
 # with activation checkpointing, for at most 4% less peak RSS (522 against 542-545 MB). The model-shaped agents the
-# threshold was measured on weigh 86 MB (benchmarks/README.md).
+# threshold was measured on weigh 81 MiB and keep it (benchmarks/README.md).
 ONE_PROCESS_MMAP_MIN_AGENT_BYTES = 64 << 20
 _HEAP_THRESHOLD = 32 << 20  # glibc's largest M_MMAP_THRESHOLD on 64-bit: below it, allocations come from the heap
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters
