@@ -65,6 +65,7 @@ __all__ = [
     "estimate",
     "count_parameters",
     "layer_parameters",
+    "first_block",
     "return_freed_tensors_to_os",
     "ONE_PROCESS_MMAP_THRESHOLD",
     "ONE_PROCESS_MMAP_MIN_AGENT_BYTES",
@@ -271,14 +272,18 @@ def _meta_model(model_config):
 def layer_parameters(model_config) -> int:
     """Parameters of one decoder layer (the first block of the model's largest `nn.ModuleList`), exact (meta
     device); the whole model when it has no such list."""
-    from torch import nn
 
     model = _meta_model(model_config)
+    return sum(p.numel() for p in (first_block(model) or model).parameters())
+
+
+def first_block(model: Any) -> Any:
+    """The first block of `model`'s largest `nn.ModuleList` (by parameters: a decoder's first layer), or None where it
+    has no non-empty list."""
+    from torch import nn
+
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
-    if not lists:
-        return sum(p.numel() for p in model.parameters())
-    blocks = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
-    return sum(p.numel() for p in blocks[0].parameters())
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))[0] if lists else None
 
 
 def count_parameters(model_config, peft_config=None) -> tuple[int, int]:

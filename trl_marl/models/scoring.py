@@ -21,9 +21,10 @@ scores one agent per team forward and backpropagates it before the next, and cut
 chunk is a full one); every chunk but the last runs under non-reentrant activation checkpointing
 (`torch.utils.checkpoint`): its forward keeps only its inputs and log-probs, and the backward recomputes its graph,
 one chunk at a time. The peak transient is one chunk's graph instead of every agent's, for one more forward of the
-checkpointed chunks. Without gradients (reference and gap scoring) chunks simply run one after another. The automatic size (`rows=None`) keeps a chunk's activations within
-`budget_bytes`: four times one agent's weights, at least 64 MiB, by the first-order activation formula of
-`trl_marl.distributed.memory` (a batch within the budget is one chunk, as before).
+checkpointed chunks. Without gradients (reference and gap scoring) chunks simply run one after another. The automatic
+size (`rows=None`) keeps a chunk's activations within `budget_bytes`: four times one agent's weights, at least
+64 MiB, by the first-order activation formula of `trl_marl.distributed.memory` (a batch within the budget is one
+chunk, as before).
 """
 
 from __future__ import annotations

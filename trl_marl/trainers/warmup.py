@@ -36,6 +36,7 @@ import torch
 
 from trl_marl.data_types.batches import AgentBatch, collate_agent_batch
 from trl_marl.data_types.text import PromptText
+from trl_marl.distributed.memory import first_block
 from trl_marl.generation.hf import HFGeneration
 from trl_marl.models.fused_head import fused_head, head_logprobs
 from trl_marl.models.scoring import score_completions
@@ -65,15 +66,11 @@ def warm_up(trainer: Any) -> None:
 
 
 def _first_layer_parameters(agent: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The trainable parameters of the agent's first decoder layer (the first block of its largest `nn.ModuleList`),
-    or all of its trainable parameters where that block has none."""
-    trainable = [p for p in agent.parameters() if p.requires_grad]
-    lists = [m for m in agent.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
-    if lists:
-        first = [p for p in max(lists, key=len)[0].parameters() if p.requires_grad]
-        if first:
-            return first
-    return trainable
+    """The trainable parameters of the agent's first decoder layer (`trl_marl.distributed.memory.first_block`), or all
+    of its trainable parameters where there is none or it has none."""
+    block = first_block(agent)
+    first = [] if block is None else [p for p in block.parameters() if p.requires_grad]
+    return first or [p for p in agent.parameters() if p.requires_grad]
 
 
 def _warm_scoring(trainer: Any, i: int, agent: torch.nn.Module) -> None:
