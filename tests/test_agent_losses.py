@@ -77,10 +77,16 @@ def test_an_agents_rows_in_parts_give_the_whole_batchs_loss_gradient_and_metrics
 ):
     """`logprob_batch_size=3` cuts each agent's 9 rows into 3 parts, each backpropagated right after its forward
     (the first part's gradient is there when the second part runs); the loss, every gradient and every logged metric
-    equal those of one forward per agent (the old code)."""
+    equal those of one forward per agent (the old code). The metrics are computed once per agent, from the merged
+    parts (the parts' own were computed and discarded before)."""
+    import trl_marl.algorithms.grpo as grpo
+
     trainer = _trainer(tiny_path, tmp_path, logprob_batch_size=3, **overrides)
     inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     first = list(trainer.team.agents[0].parameters())
+    computed = []
+    metrics_of = grpo.grpo_metrics
+    monkeypatch.setattr(grpo, "grpo_metrics", lambda *a, **k: computed.append(1) or metrics_of(*a, **k))
 
     def step():
         trainer._metrics["train"].clear()
@@ -94,6 +100,8 @@ def test_an_agents_rows_in_parts_give_the_whole_batchs_loss_gradient_and_metrics
 
     loss, grads, metrics, seen = step()
     assert False in seen and True in seen  # part 1 backpropagated before part 2's forward
+    if overrides:  # the TRL loss family (the seed loss has no GRPO metrics)
+        assert len(computed) == trainer.num_agents  # not once per part as well
     monkeypatch.setattr(agent_losses, "backward_parts", lambda model, batch, rows: [(0, len(batch.input_ids))])
     loss_whole, grads_whole, metrics_whole, seen_whole = step()
     assert not any(seen_whole)

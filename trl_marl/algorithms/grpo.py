@@ -388,20 +388,24 @@ def aggregate_loss(
     masked = per_token_loss * mask
     lt = settings.loss_type
     rows = mask.size(0) if totals is None else totals.rows
-    tokens = mask.sum().clamp(min=1.0) if totals is None else max(float(totals.tokens), 1.0)
     if lt in ("grpo", "sapo"):
         per_row = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
         loss = per_row.mean() if totals is None else per_row.sum() / rows
     elif lt == "bnpo":
-        loss = masked.sum() / tokens
+        loss = masked.sum() / _token_count(mask, totals)
     elif lt == "dr_grpo":
         loss = masked.sum() / (rows * settings.max_completion_length)
     elif lt == "luspo":
         loss = masked.sum(-1).mean() if totals is None else masked.sum() / rows
     else:  # dapo, cispo, vespo
-        n = tokens if token_normalizer is None else token_normalizer
+        n = _token_count(mask, totals) if token_normalizer is None else token_normalizer
         return masked.sum() / n
     return loss / gradient_accumulation_steps
+
+
+def _token_count(mask: torch.Tensor, totals: BatchTotals | None) -> torch.Tensor | float:
+    """`max(sum_bt m_bt, 1)`: of `mask`, or of the whole batch that `totals` describes."""
+    return mask.sum().clamp(min=1.0) if totals is None else max(float(totals.tokens), 1.0)
 
 
 def entropy_bonus(
@@ -535,6 +539,7 @@ def grpo_loss(
     gradient_accumulation_steps: int = 1,
     entropy_pool: torch.Tensor | None = None,
     totals: BatchTotals | None = None,
+    with_metrics: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """TRL 1.16's `GRPOTrainer._compute_loss` for one agent's tokens: `(loss to backpropagate, metrics)`.
 
@@ -564,6 +569,8 @@ def grpo_loss(
         totals: the rows given are part of a batch of these sizes: the loss is their share of the batch's, with the
             batch's normalisers (`BatchTotals`; not with `top_entropy_quantile < 1`, whose mask needs every row).
             The metrics are this part's.
+        with_metrics: compute the metrics (False: `{}`, for a part whose batch's metrics are computed once from all
+            its parts' outputs).
     """
     if (
         settings.loss_type == "vespo"
@@ -605,10 +612,11 @@ def grpo_loss(
     if per_token_kl is not None:
         per_token = per_token + settings.beta * per_token_kl
     loss = aggregate_loss(per_token, mask, settings, token_normalizer, gradient_accumulation_steps, totals)
-    metrics = grpo_metrics(coef_1, adv, mask, settings, entropies, per_token_kl, phi)
+    metrics = grpo_metrics(coef_1, adv, mask, settings, entropies, per_token_kl, phi) if with_metrics else {}
     if settings.entropy_coef != 0.0:
-        policy_loss = loss.detach() * (1 if settings.loss_type in _TOKEN_NORMALISED else gradient_accumulation_steps)
-        metrics["policy_loss"] = policy_loss
+        if with_metrics:
+            scale = 1 if settings.loss_type in _TOKEN_NORMALISED else gradient_accumulation_steps
+            metrics["policy_loss"] = loss.detach() * scale
         bonus = entropy_bonus(entropies, mask, entropy_mask, gradient_accumulation_steps, totals)
         loss = loss - settings.entropy_coef * bonus
     return loss, metrics

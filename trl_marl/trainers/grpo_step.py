@@ -222,6 +222,7 @@ class GRPOLossStep:
                 gradient_accumulation_steps=1,
                 entropy_pool=pool,
                 totals=totals,
+                with_metrics=totals is None,  # a part's: the batch's metrics come from the merged parts below
             )
 
         def agent_loss(i: int, out: dict[str, list], rows: slice) -> torch.Tensor:
