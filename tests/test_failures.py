@@ -224,3 +224,57 @@ def test_a_task_value_given_in_yaml_is_refused_not_reset(tmp_path, tiny_path):
     cfg.write_text(f"num_agents: 3\noutput_dir: {tmp_path / 'run'}\n")
     with pytest.raises(ValueError, match=r"--num_agents 3 does not fit the task 'coordination'.*pass --num_agents 2"):
         run_command("magrpo", ["--config", str(cfg)])
+
+
+def test_a_reward_function_that_raises_is_named_the_last_step_checkpointed_and_the_resumed_run_loses_nothing(
+    tmp_path, tiny_path
+):
+    """A reward function that raises at the third rollout (save_strategy="no"): the error names the function, keeps
+    its exception as the cause, and says where the run is; checkpoint-2 was written first. With the function fixed,
+    the resumed run ends with the weights of a run whose reward never raised (an exception leaves the rollout's
+    random stream where the step began)."""
+    import json
+
+    import torch
+
+    from trl_marl import MAGRPOConfig, MAGRPOTrainer
+    from trl_marl.rewards import RewardFunctionError
+
+    calls = {"n": 0, "broken": True}
+
+    def parsed_reward(c1, c2):
+        calls["n"] += 1
+        if calls["broken"] and calls["n"] == 3:
+            json.loads(c1[0] + "{")  # a reward that parses the completion and meets one it cannot
+        return letters_reward(c1, c2)
+
+    def trainer(out):
+        args = cpu_args(MAGRPOConfig, tmp_path, output_dir=str(tmp_path / out), max_steps=3)
+        items = [{"prompt": p} for p in ("the cat", "a dog", "sing", "rain", "the sea", "home")]
+        return MAGRPOTrainer(model=tiny_path, reward_funcs=parsed_reward, args=args, train_dataset=items)
+
+    def weights(t):
+        return torch.cat([p.detach().flatten() for p in t.team.parameters()])
+
+    calls["broken"] = False
+    reference = trainer("reference")
+    reference.train()
+
+    calls.update(n=0, broken=True)
+    run = trainer("run")
+    with pytest.raises(
+        RewardFunctionError, match=r"reward function '[^']*parsed_reward' raised JSONDecodeError on 4 joint action"
+    ) as err:
+        run.train()
+    assert isinstance(err.value.__cause__, json.JSONDecodeError)
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    note = " ".join(err.value.__notes__)
+    assert f"the run stopped after step 2: {checkpoint} holds it" in note and "fix the reward function" in note
+    assert checkpoint.is_dir()
+
+    calls["broken"] = False
+    resumed = trainer("run")
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 3
+    assert torch.allclose(weights(resumed), weights(reference), atol=1e-6)
+    assert not torch.allclose(weights(resumed), weights(run))  # step 3 did happen after the resume

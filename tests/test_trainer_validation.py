@@ -143,6 +143,17 @@ def test_reward_returning_nan_fails_on_first_call(make_args, items, tiny_path):
         t.train()
 
 
+def test_reward_returning_none_is_refused_with_trls_meaning_of_it(make_args, items, tiny_path):
+    """TRL reads None as "this function does not apply" (NaN in its nansum); the error says so and what to return."""
+
+    def sometimes_none(c1, c2):
+        return [None if j == 1 else 1.0 for j in range(len(c1))]
+
+    t = _trainer(make_args, items, tiny_path, sometimes_none)
+    with pytest.raises(TypeError, match=r"sometimes_none' returned None at index 1.*TRL reads None as.*return 0\.0"):
+        t.train()
+
+
 def test_dataset_smaller_than_a_rollout_batch(make_args, items, tiny_path):
     t = MAGRPOTrainer(
         model=tiny_path,

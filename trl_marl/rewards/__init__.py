@@ -4,6 +4,7 @@ conventions in full."""
 
 from trl_marl.rewards.functions import (
     RewardFunction,
+    RewardFunctionError,
     RewardProcessors,
     clip,
     compose,
@@ -17,6 +18,7 @@ from trl_marl.rewards.functions import (
 
 __all__ = [
     "RewardFunction",
+    "RewardFunctionError",
     "team_reward",
     "is_team_reward",
     "lift",

@@ -32,7 +32,8 @@ It returns one float per joint action (the shared team reward) or, where a train
 per joint action (per-agent rewards, `[(r_agent_1, ..., r_agent_n), ...]`, e.g. `list(zip(r1, r2))`). A list of lists
 (or a 2-D array) is read the same way when it cannot be read transposed; with as many joint actions as agents it can,
 and only tuples are taken. NaN, inf, a reward beyond +-1e15 (`MAX_ABS_REWARD`) or a wrong length is an error naming
-the function and the index. A signature is never guessed: `f(a, b)` on a team of one is refused (it could be
+the function and the index. An exception the function itself raises is passed on as a `RewardFunctionError` naming
+the function (the original is its `__cause__`); a trainer saves a checkpoint at the step boundary first. A signature is never guessed: `f(a, b)` on a team of one is refused (it could be
 `f(prompts, completions)` or a 2-agent reward); the prompts-first form names its first parameter `prompts`.
 """
 
@@ -47,6 +48,7 @@ import torch
 
 __all__ = [
     "RewardFunction",
+    "RewardFunctionError",
     "apply_processor",
     "team_reward",
     "is_team_reward",
@@ -64,6 +66,18 @@ MAX_ABS_REWARD = 1e15
 # the keywords of the keyword convention (besides the dataset columns)
 KEYWORD_ARGS = ("prompts", "completions", "agent_completions", "batch_items")
 _TEAM_MARK = "_trl_marl_team_reward"
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised: the message names it and what it was called on; `__cause__` is its exception.
+    A trainer writes the checkpoint of the last optimizer step before passing it on (`trl_marl.trainers.checkpoints`),
+    so a run resumes after the function is fixed."""
+
+    def __init__(self, name: str, num_joint: int, error: BaseException):
+        self.reward_name, self.error = name, error
+        super().__init__(
+            f"reward function {name!r} raised {type(error).__name__} on {num_joint} joint action(s): {error}"
+        )
 
 
 def _accepted_forms(n: int) -> str:
@@ -239,7 +253,10 @@ class RewardFunction:
                 f"column {sorted(self.column_names)}"
             )
 
-    def _call_keywords(self, lists: list[list], prompts: list, batch_items: Sequence[dict] | None) -> Any:
+    def _keyword_arguments(
+        self, lists: list[list], prompts: list, batch_items: Sequence[dict] | None
+    ) -> dict[str, Any]:
+        """The keywords the function is called with in the keyword convention (those it accepts)."""
         rows = list(batch_items) if batch_items is not None else []
         available: dict[str, Any] = {}
         if rows and isinstance(rows[0], dict):
@@ -267,7 +284,7 @@ class RewardFunction:
             raise self._refuse(
                 f"requires {missing}, which this batch does not provide (keywords: {sorted(available)})"
             )
-        return self.func(**kwargs)
+        return kwargs
 
     def raw(
         self,
@@ -301,13 +318,20 @@ class RewardFunction:
         if self._pass_prompts:
             kwargs["prompts"] = prompts
         if self._mode == "keywords":
-            out = self._call_keywords(lists, prompts, batch_items)
-        elif self._mode == "per_agent_args":
-            out = self.func(*lists, **kwargs)
-        elif self._mode == "prompts_then_agents":
-            out = self.func(prompts, *lists, **kwargs)
-        else:
-            out = self.func(lists, **kwargs)
+            kwargs = self._keyword_arguments(lists, prompts, batch_items)
+        try:
+            if self._mode == "keywords":
+                out = self.func(**kwargs)
+            elif self._mode == "per_agent_args":
+                out = self.func(*lists, **kwargs)
+            elif self._mode == "prompts_then_agents":
+                out = self.func(prompts, *lists, **kwargs)
+            else:
+                out = self.func(lists, **kwargs)
+        except RewardFunctionError:
+            raise  # a reward that calls another: named where it was raised
+        except Exception as exc:
+            raise RewardFunctionError(self.name, num_joint, exc) from exc
         values = self._validate(out, num_joint)
         self.last_components = {self.name: values}
         self._accumulate()
@@ -405,6 +429,12 @@ class RewardFunction:
             raise TypeError(
                 f"reward function {self.name!r} returned the string {value!r} at index {index}; rewards must be "
                 "numbers (convert with float() inside the reward function if that is what you mean)"
+            )
+        if value is None:  # TRL's "does not apply": NaN, left out of its nansum over the reward functions
+            raise TypeError(
+                f"reward function {self.name!r} returned None at index {index}; rewards must be numbers (TRL reads "
+                "None as 'this function does not apply' and leaves it out of its weighted sum, which adds 0 for it: "
+                "return 0.0 there for the same sum)"
             )
         try:
             v = float(value)

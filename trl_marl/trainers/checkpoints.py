@@ -45,6 +45,7 @@ from trl_marl.hub import (
     team_metadata,
     write_trainer_cards,
 )
+from trl_marl.rewards import RewardFunctionError
 from trl_marl.trainers.finite import check_weights
 from trl_marl.utils.secrets import redacted_args
 
@@ -68,7 +69,7 @@ __all__ = [
     "stop_if_preempted",
     "preemption_covered",
     "exit_preempted",
-    "save_after_generation_failure",
+    "save_after_failure",
 ]
 
 logger = logging.getLogger(__name__)
@@ -351,8 +352,9 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
     current optimizer step (`PreemptionCallback`); the end of a phase before the loop (`stop_if_preempted`: the
     checkpoint holds what the phases produced, so nothing is redone); the end of `train()`, unless an outer block
     (`preemption_covered`: the CLI's final evaluation and save) handles it. A generation engine that stops answering
-    in the loop (`GenerationUnavailable`: a dead vLLM server) gets a checkpoint at the step boundary before its error
-    is raised (`save_after_generation_failure`)."""
+    in the loop (`GenerationUnavailable`: a dead vLLM server) and a reward function that raises
+    (`RewardFunctionError`) get a checkpoint at the step boundary before their error is raised
+    (`save_after_failure`)."""
     handler = trainer._preemption
     with handler.covering():
         checkpoint = trainer._restore_for_resume(resume_from_checkpoint)
@@ -364,8 +366,8 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
                 stop_if_preempted(trainer, "before the first optimizer step", keep=loop_checkpoint)
                 try:
                     out = training_loop(loop_checkpoint, *args, **kwargs)
-                except GenerationUnavailable as exc:  # a dead vLLM server: a checkpoint at the step boundary
-                    save_after_generation_failure(trainer, exc)
+                except (GenerationUnavailable, RewardFunctionError) as exc:  # a checkpoint at the step boundary
+                    save_after_failure(trainer, exc)
                     raise
                 if handler.stop_now:
                     exit_preempted(trainer)
@@ -448,13 +450,17 @@ def exit_preempted(trainer: Any, checkpoint: str | None = None, when: str | None
     raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
-def save_after_generation_failure(trainer: Any, error: BaseException) -> None:
-    """The generation engine stopped answering (a dead vLLM server) during `train()`: as on preemption, write the
-    checkpoint of the last optimizer step (unless it exists) and add to `error` where it is, for the caller to raise.
+def save_after_failure(trainer: Any, error: BaseException) -> None:
+    """The generation engine stopped answering (`GenerationUnavailable`: a dead vLLM server) or a reward function
+    raised (`RewardFunctionError`) during `train()`: as on preemption, write the checkpoint of the last optimizer step
+    (unless it exists) and add to `error` where it is and what to do, for the caller to raise.
 
-    Only at an optimizer-step boundary (not between micro-steps of gradient accumulation) and in a one-process run
-    (the other processes may be inside a collective of the step and could not join the save); there the error names
-    the latest complete checkpoint instead, which a resumed run continues from (the steps after it run again).
+    Both fail before the step changes anything a checkpoint holds (the weights are pushed, and the reward computed,
+    inside the rollout's random stream, which an exception leaves at its state before the block:
+    `RNGStreams.scoped`), so the resumed run draws what an uninterrupted one would. Only at an optimizer-step boundary
+    (not between micro-steps of gradient accumulation) and in a one-process run (the other processes may be inside a
+    collective of the step and could not join the save); there the error names the latest complete checkpoint
+    instead, which a resumed run continues from (the steps after it run again).
     """
     args, step = trainer.args, trainer.state.global_step
     folder = os.path.join(args.output_dir, f"checkpoint-{step}")
@@ -466,6 +472,7 @@ def save_after_generation_failure(trainer: Any, error: BaseException) -> None:
     else:
         latest = latest_complete_checkpoint(args.output_dir, warn=False)
         note = f"the run stopped at step {step}; the latest checkpoint is {latest or 'none (nothing trained yet)'}"
-    note = f"trl_marl: {note}; restart the server, then resume with train(resume_from_checkpoint=True)"
+    fix = "fix the reward function" if isinstance(error, RewardFunctionError) else "restart the server"
+    note = f"trl_marl: {note}; {fix}, then resume with train(resume_from_checkpoint=True)"
     logger.warning(note)
     error.add_note(note)
