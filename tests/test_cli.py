@@ -82,6 +82,20 @@ def test_subcommand_help_lists_trl_flags_and_choices(capsys):
     assert "{magrpo,mareinforce,marloo,maremax,maac,iac}" in out
 
 
+def test_subcommand_help_shows_the_defaults_the_command_applies_and_its_two_unlisted_flags(capsys):
+    """`trl-marl agentic --help` showed the config class's defaults (`simultaneous`, `None`, an `output_dir` of None)
+    where the command runs with its own (`sequential`, 1, `outputs/agentic`), and no command's help named `--config`
+    or `--accelerate_config`."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["agentic", "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "i+1 sees agents 1..i's messages). (default: sequential)" in out
+    assert "None: no limit. (default: 1)" in out
+    assert "will be written. (default: outputs/agentic)" in out
+    assert "--config FILE.yaml" in out and "--accelerate_config NAME|PATH" in out and "multi_cpu" in out
+
+
 def test_env_prints_versions(capsys):
     assert cli_main(["env"]) == 0
     out = capsys.readouterr().out

@@ -35,6 +35,8 @@ __all__ = [
     "recipe_reward",
     "recipe_model_config",
     "TINY_DEFAULTS",
+    "CONFIG_HELP",
+    "HelpFormatter",
 ]
 
 # `--config` is TrlParser's own flag: argparse does not list it, so every recipe's --help says it here.
@@ -42,6 +44,11 @@ CONFIG_HELP = (
     "--config FILE.yaml: read flags from a YAML file (keys are the flag names without '--', e.g. 'learning_rate: "
     "1e-5'); flags given on the command line override the file."
 )
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` keeps the description's line breaks and shows each flag's default (transformers' parsers show it)."""
+
 
 # Defaults for the no-argument run on the tiny local model (they are only applied to flags the user did not pass).
 TINY_DEFAULTS: dict[str, Any] = {
@@ -162,7 +169,6 @@ def parse_recipe_args(
     trainers need one generation per prompt: their own default). `--help` shows `description` (default: the calling
     recipe's module docstring) and how `--config` works.
     """
-    import argparse
     from dataclasses import fields
 
     from trl import TrlParser
@@ -173,15 +179,18 @@ def parse_recipe_args(
         description = sys._getframe(1).f_globals.get("__doc__") or ""
     parser_kwargs = dict(
         description=description.rstrip() + "\n\n" + CONFIG_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         allow_abbrev=False,  # a prefix of a flag is an unknown flag, never silently that flag
     )
+
+    known = {f.name for f in fields(config_cls)}
 
     def parser():
         p = TrlParser((script_args_cls, config_cls), prog=prog, **parser_kwargs)
         for action in p._actions:  # transformers reads a `bool | str` field as a bool: take "auto" too
             if action.dest == "use_vllm":
                 action.type = parse_use_vllm
+        p.set_defaults(**{k: v for k, v in (defaults or {}).items() if k in known})  # as --help shows them
         return p
 
     recipe_args, config, config_remaining, cli_remaining = parser().parse_args_and_config(
@@ -191,7 +200,6 @@ def parse_recipe_args(
     merged = dict(defaults or {})
     if recipe_args.model_name_or_path is None and recipe_args.agent_models is None:
         merged = {**TINY_DEFAULTS, **(tiny_defaults or {}), **merged}
-    known = {f.name for f in fields(config_cls)}
     explicit = explicit_flags(argv)
     # a value given under a deprecated alias (`--max_new_tokens`) is the user's value of the primary name
     explicit |= {new for old, new in getattr(config_cls, "_deprecated_aliases", {}).items() if old in explicit}

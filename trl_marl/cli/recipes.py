@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trl_marl.cli.agentic import AGENTIC_DEFAULTS, AGENTIC_TINY_DEFAULTS, run_agentic
-from trl_marl.cli.recipe_args import RecipeArguments, critic_source, explicit_flags, parse_recipe_args, run_recipe
+from trl_marl.cli.recipe_args import (
+    CONFIG_HELP,
+    HelpFormatter,
+    RecipeArguments,
+    critic_source,
+    explicit_flags,
+    parse_recipe_args,
+    run_recipe,
+)
 from trl_marl.trainers.registry import algorithms, get_algorithm
 
 __all__ = ["Recipe", "RECIPES", "MAGRPOScriptArguments", "AgenticScriptArguments", "make_parser", "run_command"]
@@ -163,12 +171,28 @@ RECIPES: dict[str, Recipe] = {
 
 
 def make_parser(name: str, prog: str | None = None):
-    """TRL's `TrlParser` over the recipe's script arguments and config (the `--help` of `trl-marl <name>`)."""
+    """TRL's `TrlParser` over the recipe's script arguments and config (the `--help` of `trl-marl <name>`), with the
+    defaults `run_command` applies (`outputs/<name>`, the recipe's own), so that `--help` shows them, and the two flags
+    argparse does not list: `--config` (TrlParser's) and `--accelerate_config` (`trl_marl.cli.main`'s)."""
     from trl import TrlParser
 
+    from trl_marl.cli.launch import available_configs
+
     recipe = RECIPES[name]
-    # allow_abbrev=False: `--num_agent 3` must not be taken as `--num_agents 3` (a prefix is an unknown flag)
-    return TrlParser((recipe.script_args, recipe.config_class()), prog=prog or f"trl-marl {name}", allow_abbrev=False)
+    accelerate = (
+        "--accelerate_config NAME|PATH: run under `accelerate launch` with a config shipped in the package ("
+        + ", ".join(available_configs())
+        + ") or a config file; other `accelerate launch` flags are passed on."
+    )
+    parser = TrlParser(
+        (recipe.script_args, recipe.config_class()),
+        prog=prog or f"trl-marl {name}",
+        description=f"trl-marl {name}: {recipe.help}.\n\n{CONFIG_HELP}\n{accelerate}",
+        formatter_class=HelpFormatter,
+        allow_abbrev=False,  # `--num_agent 3` must not be taken as `--num_agents 3` (a prefix is an unknown flag)
+    )
+    parser.set_defaults(output_dir=f"outputs/{name}", **recipe.defaults)
+    return parser
 
 
 def run_command(name: str, argv: list[str] | None = None, description: str | None = None) -> Any:
