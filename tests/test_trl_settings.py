@@ -1,4 +1,4 @@
-"""Every setting a TRL user brings from `GRPOConfig`, `DPOConfig`, `RewardConfig` or the trainers' `__init__` either
+"""Every setting a TRL user brings from `GRPOConfig`, `RLOOConfig`, `DPOConfig`, `RewardConfig` or the trainers' `__init__` either
 works under TRL's name or is refused with a pointer (trl_marl/trainers/trl_settings.py). The walk is over TRL's OWN
 field lists, so a field TRL adds fails here until it is answered."""
 
@@ -18,7 +18,7 @@ TRAINING_ARGUMENTS = {f.name for f in dataclasses.fields(TrainingArguments)}
 TRL_FIELDS = sorted(
     {
         f.name
-        for cls in (trl.GRPOConfig, trl.DPOConfig, trl.RewardConfig)
+        for cls in (trl.GRPOConfig, trl.RLOOConfig, trl.DPOConfig, trl.RewardConfig)
         for f in dataclasses.fields(cls)
         if f.name not in TRAINING_ARGUMENTS
     }
@@ -51,3 +51,33 @@ def test_a_misspelled_field_gets_the_closest_names(tmp_path):
 def test_the_table_answers_only_trl_settings():
     """No stale entries: every entry is a field of one of TRL's configs."""
     assert set(TRL_CONFIG_SETTINGS) <= set(TRL_FIELDS)
+
+
+def test_trl_trainer_habits_get_a_pointer(tmp_path, tiny_path):
+    """What a TRL user passes to a trainer out of habit: PPOTrainer's `value_model` / `reward_model`, a reward model
+    id as `reward_funcs` (GRPOTrainer loads one), a TRL config as `args`. Each used to get a bare message (or "did you
+    mean 'model'?" for value_model)."""
+    from conftest import cpu_args, letters_reward
+
+    args = cpu_args(trl_marl.MAPPOConfig, tmp_path)
+    items = [{"prompt": "a"}] * 4
+    with pytest.raises(
+        TypeError, match=r"'value_model', a TRL setting it does not take: the actor-critic.*critic_model="
+    ):
+        trl_marl.MAPPOTrainer(
+            model=tiny_path, reward_funcs=letters_reward, args=args, critic_model=tiny_path, value_model=tiny_path
+        )
+    with pytest.raises(TypeError, match=r"'reward_model', a TRL setting it does not take:.*reward_model_path"):
+        trl_marl.MAPPOTrainer(
+            model=tiny_path, reward_funcs=letters_reward, args=args, critic_model=tiny_path, reward_model=tiny_path
+        )
+    magrpo = cpu_args(trl_marl.MAGRPOConfig, tmp_path)
+    with pytest.raises(TypeError, match=r"must be callable, got str \('my/reward-model': TRL's GRPOTrainer loads"):
+        trl_marl.MAGRPOTrainer(model=tiny_path, reward_funcs="my/reward-model", args=magrpo, train_dataset=items)
+    with pytest.raises(TypeError, match=r"must be callable, got str \('my/rm': TRL's GRPOTrainer loads"):
+        trl_marl.MAGRPOTrainer(
+            model=tiny_path, reward_funcs=[letters_reward, "my/rm"], args=magrpo, train_dataset=items
+        )
+    grpo = trl.GRPOConfig(output_dir=str(tmp_path / "grpo"), bf16=False, report_to="none")
+    with pytest.raises(TypeError, match=r"got GRPOConfig; MAGRPOConfig takes TRL's field names"):
+        trl_marl.MAGRPOTrainer(model=tiny_path, reward_funcs=letters_reward, args=grpo, train_dataset=items)

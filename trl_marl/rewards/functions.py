@@ -80,6 +80,17 @@ class RewardFunctionError(RuntimeError):
         )
 
 
+def _not_a_model_id(value: Any) -> str:
+    """For a string where a reward function belongs: TRL's GRPOTrainer loads a reward model from a model id there."""
+    if not isinstance(value, str):
+        return ""
+    return (
+        f" ({value!r}: TRL's GRPOTrainer loads a sequence-classification reward model from a model id here; a team's "
+        "learned reward model is MARLHF's, MARLHFConfig(reward_model_path=...), or call your classifier inside a "
+        "reward function)"
+    )
+
+
 def _accepted_forms(n: int) -> str:
     forms = [
         "f(*, prompts, completions, agent_completions, **dataset_columns) - TRL's keyword convention: take "
@@ -150,7 +161,7 @@ class RewardFunction:
         column_names: Sequence[str] | None = None,
     ):
         if not callable(func):
-            raise TypeError(f"reward_funcs must be callable, got {type(func).__name__}")
+            raise TypeError(f"reward_funcs must be callable, got {type(func).__name__}" + _not_a_model_id(func))
         if processor is not None and not callable(processor):
             raise TypeError(f"reward_processor must be callable (float -> float), got {type(processor).__name__}")
         self.func = func
@@ -489,7 +500,7 @@ class WeightedReward:
             raise ValueError("reward_funcs is an empty list")
         for f in funcs:
             if not callable(f):
-                raise TypeError(f"every reward function must be callable, got {type(f).__name__}")
+                raise TypeError(f"every reward function must be callable, got {type(f).__name__}" + _not_a_model_id(f))
         if weights is None:
             weights = [1.0] * len(funcs)
         if len(weights) != len(funcs):

@@ -125,7 +125,13 @@ class MultiAgentTrainer(_BaseTrainer):
             return cls.config_class(output_dir=f"{cls._name.lower()}-output")
         expected = cls.args_class or cls.config_class
         if not isinstance(args, expected):
-            raise TypeError(f"args must be a {expected.__name__}, got {type(args).__name__}")
+            hint = ""
+            if type(args).__module__.split(".")[0] == "trl":  # a TRL config brought over
+                hint = (
+                    f"; {expected.__name__} takes TRL's field names: pass the keyword arguments you gave "
+                    f"{type(args).__name__} to {expected.__name__}(...) (docs/comparison.md lists what differs)"
+                )
+            raise TypeError(f"args must be a {expected.__name__}, got {type(args).__name__}{hint}")
         return args
 
     def __init__(

@@ -112,6 +112,11 @@ TRL_CONFIG_SETTINGS: dict[str, str] = {
     "loss_type": "on the MAGRPO family it is TRL's GRPO loss family; on MADPO TRL's DPO loss types "
     "(MADPOConfig(loss_type=...)); the actor-critic trainers have their own losses (docs/choosing-an-algorithm.md)",
     "reward_weights": "weights of a list of reward_funcs; a trainer that takes reward_funcs has it",
+    # RLOOConfig
+    "normalize_advantages": "scale_rewards='batch' (MARLOOConfig: the leave-one-out advantages scaled by the batch's "
+    "std; TRL's normalization also centres them, which leave-one-out advantages already are within each group)",
+    "reward_clip_range": "clip each reward with a reward processor: reward_processor=trl_marl.rewards.clip(min, max) "
+    "(a trainer argument)",
     # DPOConfig
     "truncation_mode": _NO_LENGTH,
     "padding_free": "not supported: batches are padded (left-padded prompts, right-padded completions)",
@@ -145,6 +150,11 @@ TRL_TRAINER_ARGUMENTS: dict[str, str] = {
     "evaluation",
     "preprocess_logits_for_metrics": "not supported: evaluation scores joint actions with the task reward",
     "optimizer_cls_and_kwargs": "pass optimizers=(optimizer, scheduler) or set optim / optim_args in the config",
+    # TRL's PPOTrainer (trl.experimental)
+    "value_model": "the actor-critic trainers' critic: critic_model= (one critic, shared or copied per agent) or "
+    "critics=[...] (one per agent) on MAACTrainer, IACTrainer, MAPPOTrainer",
+    "reward_model": "rewards are Python callables (reward_funcs=); a learned joint reward model is MARLHF's "
+    "(MARLHFConfig(reward_model_path=...))",
 }
 
 
