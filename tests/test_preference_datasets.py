@@ -340,6 +340,20 @@ def test_empty_completions_are_dropped_and_counted(build, caplog):
     )
 
 
+def test_given_completions_cut_at_max_completion_length_are_counted(build, caplog):
+    """Given pairs whose completions are longer than max_completion_length (8 here; TRL's DPO cuts at max_length,
+    1024 by default) are cut to it: said once with the count (the old code cut them silently)."""
+    caplog.set_level(logging.WARNING, logger=PAIR_LOGGER)
+    build(train_dataset=Dataset.from_list(rows(3)))
+    assert "longer than max_completion_length" not in caplog.text
+    data = rows(3)
+    data[1]["chosen_1"] = "a very long chosen completion " * 20
+    data[2]["rejected_2"] = "and a long rejected one " * 20
+    t = build(train_dataset=Dataset.from_list(data))
+    assert len(t.pairs[1].winner_ids[0]) == 8
+    assert "2 of the 12 given pairs' completions are longer than max_completion_length=8 tokens" in caplog.text
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

@@ -45,7 +45,13 @@ from trl_marl.trainers.preference.data_parallel import (
 )
 from trl_marl.trainers.preference.dpo_forward import PreferenceBatch
 from trl_marl.trainers.preference.pair_checks import drop_unusable, usable_pairs
-from trl_marl.trainers.preference.pairs import PAIR_SELECTIONS, PreferencePair, as_preference_pairs, pairs_per_item
+from trl_marl.trainers.preference.pairs import (
+    PAIR_SELECTIONS,
+    PreferencePair,
+    as_preference_pairs,
+    cut_completions,
+    pairs_per_item,
+)
 from trl_marl.trainers.preference.preference_data import PreferenceInputs, resolve_inputs
 from trl_marl.utils.progress import progress_bar, trainer_shows_progress
 
@@ -284,6 +290,17 @@ class PreferenceCollectionMixin:
             raise ValueError(f"{inputs.source}: {summary}; there is no pair left to train on")
         if summary is not None and self.accelerator.is_main_process:
             logger.warning("%s (%s): %s", self._name, inputs.source, summary)
+        cut = cut_completions(kept, self.tokenizers, self.args.max_completion_length)
+        if cut and self.accelerator.is_main_process:  # TRL's DPOConfig cuts at max_length, 1024 tokens by default
+            logger.warning(
+                "%s (%s): %d of the %d given pairs' completions are longer than max_completion_length=%d tokens and "
+                "are cut to it (their ends are not trained on); raise max_completion_length to keep them whole",
+                self._name,
+                inputs.source,
+                cut,
+                2 * self.num_agents * len(kept),
+                self.args.max_completion_length,
+            )
         return kept
 
     def _set_completion_ends(self, pairs: list[PreferencePair]) -> None:

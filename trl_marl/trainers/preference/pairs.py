@@ -51,6 +51,7 @@ __all__ = [
     "joint_prompt_text",
     "joint_response_text",
     "as_preference_pairs",
+    "cut_completions",
 ]
 
 PAIR_SELECTIONS = ("reward_gap", "all", "random", "comparator_reward")
@@ -237,6 +238,23 @@ def as_preference_pairs(
         else:
             raise TypeError(f"{where} must be a PreferencePair or a record (dict), got {type(p).__name__}")
     return out
+
+
+def cut_completions(pairs: Sequence[PreferencePair], tokenizers: Sequence[Any], max_completion_length: int) -> int:
+    """How many completions of `pairs` (each agent's winner and loser) lost tokens to `max_completion_length` when
+    their text was tokenized: the text's tokens (plus the EOS the ids end with, if any) are more than the limit.
+    Only completions that fill the limit are tokenized again."""
+    cut = 0
+    for p in pairs:
+        for texts, ids_of in ((p.winner_completions, p.winner_ids), (p.loser_completions, p.loser_ids)):
+            for i, (text, ids) in enumerate(zip(texts, ids_of)):
+                if len(ids) < max_completion_length:
+                    continue
+                full = len(tokenizers[i](str(text), add_special_tokens=False)["input_ids"])
+                ends = p.winner_eos if ids_of is p.winner_ids else p.loser_eos
+                with_eos = ends is None or ends[i] is not None  # unknown ends are finished, given an EOS
+                cut += full + int(with_eos) > max_completion_length
+    return cut
 
 
 def _checked_fields(pair: PreferencePair) -> dict:
