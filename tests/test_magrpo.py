@@ -128,6 +128,24 @@ def test_a_trace_record_that_cannot_be_written_leaves_the_file_as_it_was(tmp_pat
     assert path.read_bytes() == before and json.loads(before)["completions"] == ["é \ufffd"]
 
 
+def test_an_environment_text_with_invalid_unicode_is_generated_from_and_traced(make_args, items, tiny_path, tmp_path):
+    # old code: TypeError (TextEncodeInput must be Union[...]) tokenizing turn 2's prompts (prompt_token_ids)
+    def transition(prompt, agent_completions, num_agents, **_):
+        return [f"The judge said: bad \ud800 caf\u00e9. {c[:10]}" for c in agent_completions]
+
+    args = make_args(num_turns=2, max_steps=1, trace_dir=str(tmp_path / "trace"))
+    t = MAGRPOTrainer(
+        model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items, external_transition=transition
+    )
+    t.train()
+    assert t.state.global_step == 1
+    records = [
+        json.loads(line) for line in (tmp_path / "trace" / "trace_rank0.jsonl").read_text("utf-8").split("\n")[:-1]
+    ]
+    second = [r for r in records if r["turn"] == 2]
+    assert second and all(p.startswith("The judge said: bad \ufffd caf\u00e9.") for r in second for p in r["prompts"])
+
+
 def test_heterogeneous_team_with_own_tokenizers(make_args, items, tiny_path, tiny_qwen_path):
     toks = [AutoTokenizer.from_pretrained(tiny_path), AutoTokenizer.from_pretrained(tiny_qwen_path)]
     agents = [AutoModelForCausalLM.from_pretrained(tiny_path), tiny_qwen_path]

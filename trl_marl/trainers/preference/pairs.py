@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from trl_marl.data_types.text import valid_texts
+from trl_marl.data_types.text import valid_text, valid_texts
 from trl_marl.trainers.preference.pair_checks import check_record, record_problem, shape_problem
 from trl_marl.trainers.preference.preference_data import preference_records
 
@@ -176,7 +176,7 @@ class PreferencePair:
             if is_chat is None:
                 bos = getattr(tok, "bos_token", None)
                 is_chat = bool(bos) and str(text).startswith(bos)
-            ids = tok(str(text), add_special_tokens=not is_chat)["input_ids"]
+            ids = tok(valid_text(str(text)), add_special_tokens=not is_chat)["input_ids"]
             if max_prompt_length is not None:
                 ids = ids[-max_prompt_length:]
             prompts.append(str(text))
