@@ -88,6 +88,22 @@ def iterative_args(tmp_path, config_cls, **overrides):
     return config_cls(**defaults)
 
 
+def completions_read_as(trainer, texts, vary=False):
+    """Make every completion of agent i read `texts[i]` (token ids as generated; `vary`: row r's text ends with r
+    exclamation marks, so that rewards differ): text a tokenizer's decode never gives, as an engine, an API or a
+    tool can hand back (lone surrogates: `"\\ud800"` escapes in JSON)."""
+    import dataclasses
+
+    generate = trainer.generation.generate
+
+    def generate_as(prompts_per_agent, num_generations, greedy=False):
+        outs = generate(prompts_per_agent, num_generations, greedy)
+        rows = [[texts[i] + ("!" * r if vary else "") for r in range(len(o.texts))] for i, o in enumerate(outs)]
+        return [dataclasses.replace(o, texts=r) for o, r in zip(outs, rows)]
+
+    trainer.generation.generate = generate_as
+
+
 @pytest.fixture
 def make_args(tmp_path):
     def _make(config_cls=None, **overrides):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import completions_read_as
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_marl import (
@@ -126,6 +127,25 @@ def test_multi_turn_td_targets_bootstrap_with_the_next_q_value(make_args, items,
     t.train()
     log = t.state.log_history[0]
     assert {"turn_3/reward_mean", "turn_1/expected_return", "critic/value_loss", "agent_1/kl"} <= set(log)
+
+
+def test_a_q_critic_reads_invalid_unicode_as_replacement_characters(make_args, items, tiny_path):
+    # old code: TypeError (TextEncodeInput must be Union[...]) tokenizing the joint critic's text
+    def bad_transition(prompt, agent_completions, num_agents, **_):
+        return [f"Improve \ud800: {c[:10]}" for c in agent_completions]
+
+    args = make_args(MAACConfig, num_generations=1, num_turns=2, critic_type="q", max_steps=1)
+    t = MAACTrainer(
+        model=tiny_path,
+        critic_model=tiny_path,
+        reward_funcs=shared_reward,
+        external_transition=bad_transition,
+        args=args,
+        train_dataset=items,
+    )
+    completions_read_as(t, ["said \udfff", "ok"])
+    t.train()
+    assert t.state.global_step == 1 and "critic/value_loss" in t.state.log_history[0]
 
 
 def test_mappo_gae_ratios_and_per_agent_joint_critics(make_args, items, tiny_path):

@@ -115,6 +115,32 @@ def test_tool_turn_tokens_masks_and_one_generate_per_position_per_round(tiny_pat
     assert batch.completion_mask[0, : len(ids)].tolist() == mask and batch.attention_mask[0, -len(ids) :].all()
 
 
+class InvalidUnicodeResult(Confirm):
+    """The signalling game whose submit tool answers with a lone surrogate (a tool's output is any text)."""
+
+    def submit(self, answer: str) -> str:
+        """Submit the secret.
+
+        Args:
+            answer: The secret word.
+        """
+        super().submit(answer)
+        return "Submitted \ud800 caf\u00e9."
+
+
+def test_a_tool_result_with_invalid_unicode_is_read_as_replacement_characters(tiny_path, tok, tmp_path):
+    # old code: TypeError (TextEncodeInput must be Union[...]) tokenizing the tool message (tool_suffix_ids)
+    trainer = signal_trainer(tiny_path, tok, tmp_path, env=InvalidUnicodeResult, max_steps=1)
+    Scripted(trainer, signal_policy())
+    items = [trainer.train_dataset[i] for i in range(2)]
+    rollout = trainer.train_rollout_engine.run(items, trainer.generation.generate)
+    receiver = rollout.samples_of_agent(1)[0]
+    result = [t for t, m in zip(receiver.completion_ids.tolist(), receiver.tool_mask.tolist()) if m == 0]
+    assert tok.decode(result) == "\n<|im_start|>tool\nSubmitted \ufffd caf\u00e9.<|im_end|>\n<|im_start|>assistant\n"
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
 def test_simultaneous_order_hides_the_same_turn(tiny_path, tok, tmp_path):
     trainer = signal_trainer(tiny_path, tok, tmp_path, env=SignalGame, turn_order="simultaneous")
     script = Scripted(trainer, signal_policy())

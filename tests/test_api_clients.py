@@ -488,6 +488,17 @@ def test_unknown_generation_setting(server, key):
         client_for(server, "/g").generate(["p"], 1, beam_width=4)
 
 
+def test_invalid_unicode_in_a_prompt_is_sent_as_replacement_characters(server, key):
+    # old code: UnicodeEncodeError ('utf-8' codec can't encode character '\ud800': surrogates not allowed) in
+    # httpx, encoding the JSON body; the comparator's round stopped the run
+    server.respond = lambda request, number: (200, '{"completions": ["answer \\ud800", "caf\u00e9"]}')
+    with client_for(server, "/generate") as client:
+        out = client.generate(["bad \udfff prompt", "café 中文 😀"], 2, items=[{"text": "x\ud800"}, {"text": "é"}])
+    bodies = sorted((r["body"]["prompt"], r["body"]["batch_item"]["text"]) for r in server.requests)
+    assert bodies == [("bad \ufffd prompt", "x\ufffd"), ("café 中文 😀", "é")]
+    assert out == [["answer \ud800", "café"]] * 2  # the API's answer is returned as it is; whatever writes it fixes it
+
+
 # --- limits: total deadline, response size, redaction before truncation, no key in frame locals -------------------
 
 

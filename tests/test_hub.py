@@ -361,6 +361,15 @@ def test_agent_team_round_trip_local_and_decentralized(trained):
         team.act([prompts[0]])
 
 
+def test_agent_team_generates_from_a_prompt_with_invalid_unicode(trained):
+    # old code: TypeError (TextEncodeInput must be Union[...]) tokenizing the prompt
+    from trl_marl import AgentTeam
+
+    team = AgentTeam.from_pretrained(trained.args.output_dir)
+    kw = dict(do_sample=False, max_new_tokens=4)
+    assert team.generate(0, "Describe \ud800 a river.", **kw) == team.generate(0, "Describe \ufffd a river.", **kw)
+
+
 def test_agent_team_loads_from_the_hub_in_both_layouts(hub, trained, tmp_path):
     from trl_marl import AgentTeam, push_team_to_hub
 

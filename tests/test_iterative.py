@@ -354,6 +354,45 @@ def test_third_party_comparator_and_replay_mode_by_name(tmp_path, monkeypatch, s
         sys.modules.pop(module, None)
 
 
+class _InvalidUnicodeComparator:
+    """Answers with text holding a lone surrogate, as an API's JSON with a `"\\ud800"` escape decodes."""
+
+    name = "invalid_unicode"
+
+    def generate(self, items, prompts_per_agent, num_candidates, trainer):
+        return [[[f"ok \ud800 {i} {k}" for i in range(2)] for k in range(num_candidates)] for _ in items]
+
+
+def test_comparator_text_with_invalid_unicode_is_stored_and_replayed(tmp_path, small_items, tiny_path):
+    # old code: TypeError (TextEncodeInput must be Union[...]) tokenizing the comparator's text, then, with that
+    # fixed, UnicodeEncodeError ('utf-8' codec can't encode character '\ud800') writing the round file
+    replay = tmp_path / "replay"
+    args = iter_args(tmp_path, preference_replay_dir=str(replay), preference_replay_mode="all_history")
+    t = MADPOIterTrainer(
+        model=tiny_path,
+        reward_funcs=letters_reward,
+        args=args,
+        train_dataset=small_items,
+        comparator=_InvalidUnicodeComparator(),
+    )
+    replayed = []
+    pair_from_record = t.pair_from_record
+    t.pair_from_record = lambda record: replayed.append(pair_from_record(record)) or replayed[-1]
+    t.train()
+    assert t.rounds.completed == 2
+    pairs = read_round_file(str(replay / "iteration_0001.json"))["pairs"]
+    texts = [c for p in pairs for c in p["winner_completions"] + p["loser_completions"] if c.startswith("ok")]
+    assert texts and all("\ufffd" in c and "\ud800" not in c for c in texts)
+    # round 2 replays round 1 from its file: the comparator's completions get the ids they were trained on
+    assert replayed
+    for pair in replayed:
+        for completions, ids in ((pair.winner_completions, pair.winner_ids), (pair.loser_completions, pair.loser_ids)):
+            for i, (text, own_ids) in enumerate(zip(completions, ids)):
+                if text.startswith("ok"):
+                    original = text.replace("\ufffd", "\ud800")
+                    assert own_ids.tolist() == t.tokenize_completion(i, original).tolist()
+
+
 # ---------------------------------------------------------------- API comparator end to end
 class _Handler(http.server.BaseHTTPRequestHandler):
     seen: list = []

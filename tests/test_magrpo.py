@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from conftest import completions_read_as
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_marl import (
@@ -97,6 +98,52 @@ def test_cross_mode_multi_turn_kl_and_trace(make_args, items, tiny_path, tmp_pat
     lines = (tmp_path / "trace" / "trace_rank0.jsonl").read_text().splitlines()
     rec = json.loads(lines[0])
     assert len(lines) == 40 and set(rec) >= {"step", "prompts", "completions", "reward", "advantages"}
+
+
+def test_trace_writes_invalid_unicode_as_replacement_characters_and_valid_text_as_it_is(
+    make_args, items, tiny_path, tmp_path
+):
+    # old code: UnicodeEncodeError ('utf-8' codec can't encode character '\ud800': surrogates not allowed) in
+    # append_trace; the run stopped at its first step, its trace file empty
+    args = make_args(max_steps=2, trace_dir=str(tmp_path / "trace"))
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items)
+    completions_read_as(t, ["bad \ud800 end \udfff", "café 中文 😀 \x00"])
+    t.train()
+    assert t.state.global_step == 2
+    text = (tmp_path / "trace" / "trace_rank0.jsonl").read_bytes().decode("utf-8")  # strict: valid UTF-8
+    assert "café 中文 😀" in text  # valid text written as it is, not escaped
+    records = [json.loads(line) for line in text.splitlines()]
+    assert {r["step"] for r in records} == {0, 1}
+    assert all(r["completions"] == ["bad \ufffd end \ufffd", "café 中文 😀 \x00"] for r in records)
+
+
+def test_a_trace_record_that_cannot_be_written_leaves_the_file_as_it_was(tmp_path):
+    from trl_marl.trainers.metrics import append_trace
+
+    path = tmp_path / "trace_rank0.jsonl"
+    append_trace(path, [{"completions": ["é \ud800"]}], 0, 1)
+    before = path.read_bytes()
+    with pytest.raises(TypeError):  # an item that is not JSON: nothing of its step is written
+        append_trace(path, [{"completions": ["fine"]}, {"item": object()}], 1, 2)
+    assert path.read_bytes() == before and json.loads(before)["completions"] == ["é \ufffd"]
+
+
+def test_an_environment_text_with_invalid_unicode_is_generated_from_and_traced(make_args, items, tiny_path, tmp_path):
+    # old code: TypeError (TextEncodeInput must be Union[...]) tokenizing turn 2's prompts (prompt_token_ids)
+    def transition(prompt, agent_completions, num_agents, **_):
+        return [f"The judge said: bad \ud800 caf\u00e9. {c[:10]}" for c in agent_completions]
+
+    args = make_args(num_turns=2, max_steps=1, trace_dir=str(tmp_path / "trace"))
+    t = MAGRPOTrainer(
+        model=tiny_path, reward_funcs=length_reward, args=args, train_dataset=items, external_transition=transition
+    )
+    t.train()
+    assert t.state.global_step == 1
+    records = [
+        json.loads(line) for line in (tmp_path / "trace" / "trace_rank0.jsonl").read_text("utf-8").split("\n")[:-1]
+    ]
+    second = [r for r in records if r["turn"] == 2]
+    assert second and all(p.startswith("The judge said: bad \ufffd caf\u00e9.") for r in second for p in r["prompts"])
 
 
 def test_heterogeneous_team_with_own_tokenizers(make_args, items, tiny_path, tiny_qwen_path):

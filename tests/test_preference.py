@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+from conftest import completions_read_as
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
@@ -279,6 +280,21 @@ def test_bradley_terry_fit_separates_a_synthetic_preference_set(tiny_path, tmp_p
 
 
 # ---------------------------------------------------------------- MARLHF
+def test_marlhf_reward_model_reads_invalid_unicode_as_replacement_characters(make_args, items, tiny_path):
+    # old code: TypeError (TextEncodeInput must be Union[...]) tokenizing the joint transcripts (JointRewardModel)
+    args = make_args(MARLHFConfig, rl_algorithm="magrpo", preference_num_candidates=3, reward_learning_rate=1e-3)
+
+    def first_length(c1, c2):  # candidates differ in agent 1's text only
+        return [float(len(a)) for a in c1]
+
+    t = MARLHFTrainer(model=tiny_path, reward_funcs=first_length, args=args, train_dataset=items)
+    completions_read_as(t, ["bad \ud800", "café 中文 😀"], vary=True)
+    t.train()
+    assert t.state.global_step == 1
+    rm = t.reward_model
+    assert rm.token_ids("x \ud800") == rm.token_ids("x \ufffd")
+
+
 @pytest.mark.parametrize("algorithm", ["magrpo", "mareinforce", "marloo", "maremax", "maac", "iac"])
 def test_marlhf_runs_with_each_backend(make_args, items, tiny_path, tmp_path, algorithm):
     args = make_args(MARLHFConfig, rl_algorithm=algorithm, preference_num_candidates=3, reward_learning_rate=1e-3)

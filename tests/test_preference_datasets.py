@@ -199,6 +199,16 @@ def test_exported_datasets_train_as_given(build):
         ]
 
 
+def test_exported_dataset_holds_invalid_unicode_as_replacement_characters():
+    # old code: UnicodeEncodeError ('utf-8' codec can't encode character '\ud800': surrogates not allowed) from
+    # pyarrow, building the dataset
+    pair = PreferencePair(["task \udfff", "café 中文"], ["good \ud800", "😀"], ["bad", "no"], 1.0, 0.0, 0.5)
+    joint, agent_1 = to_dataset([pair]), to_dataset([pair], agent=0)
+    assert joint[0]["agent_prompts"] == ["task \ufffd", "café 中文"]
+    assert joint[0]["agent_chosen"] == ["good \ufffd", "😀"] and "good \ufffd" in joint[0]["chosen"]
+    assert agent_1[0]["prompt"] == "task \ufffd" and agent_1[0]["chosen"] == "good \ufffd"
+
+
 # ---------------------------------------------------------------- data that does not match: clear errors
 @pytest.mark.parametrize(
     "columns, message",

@@ -63,6 +63,17 @@ def test_from_record_tokenizes_as_the_trainer(madpo):
         t.pair_from_record({"prompts": RECORD["prompts"]})
 
 
+def test_a_record_with_invalid_unicode_tokenizes_as_replacement_characters(madpo):
+    # old code: TypeError (TextEncodeInput must be Union[...]) tokenizing the prompt
+    t = madpo()
+    bad = {**RECORD, "prompts": ["Write about \ud800.", "Edit."], "winner_completions": ["the \udfff rain", "a"]}
+    good = {**bad, "prompts": ["Write about \ufffd.", "Edit."], "winner_completions": ["the \ufffd rain", "a"]}
+    pair, expected = t.pair_from_record(bad), t.pair_from_record(good)
+    assert torch.equal(pair.prompt_ids[0], expected.prompt_ids[0])
+    assert torch.equal(pair.prompt_ids[0], t.tokenize_prompt(0, "Write about \ud800."))
+    assert torch.equal(pair.winner_ids[0], expected.winner_ids[0])
+
+
 @pytest.mark.parametrize("form", ["records", "dataset", "pairs_without_ids", "round_file"])
 def test_preference_pairs_accepts_records_pairs_and_datasets(madpo, form):
     records = [RECORD, {**RECORD, "winner_reward": 0.7}]

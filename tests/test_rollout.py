@@ -1,11 +1,12 @@
-"""JointRollout with a scripted generator (no model): joint modes, trees, transitions, returns."""
+"""JointRollout with a scripted generator (no model): joint modes, trees, transitions, returns; the rollout's text
+made valid for what writes it (`valid_text`)."""
 
 import pytest
 import torch
 
 from trl_marl.algorithms.advantages import group_advantages
 from trl_marl.data_types.rollout import GenerationOutput
-from trl_marl.data_types.text import PromptText
+from trl_marl.data_types.text import CompletionText, PromptText, valid_text, valid_texts
 from trl_marl.rewards import RewardFunction
 from trl_marl.rollout.engine import JointRollout, tree_size
 from trl_marl.rollout.returns import rollout_returns
@@ -207,3 +208,17 @@ def test_records_are_json_able():
     recs = out.records(rollout_returns(out).joint)
     assert len(recs) == 4 and recs[0]["completions"] == ["0|0|A0:p0", "1|0|A1:p0"]
     json.dumps(recs)
+
+
+def test_valid_text_replaces_lone_surrogates_and_keeps_valid_text():
+    valid = "café 中文 😀 \x00 \ufffd"
+    assert valid_text(valid) is valid and valid_text("ascii") == "ascii"
+    completion = CompletionText("héllo", eos_token="</s>")
+    assert valid_text(completion) is completion  # unchanged: the same object, its attributes kept
+    assert valid_text("a\ud800b\udfff") == "a\ufffdb\ufffd"
+    assert valid_text("\ud83d\ude00 \udc00\ud800") == "\U0001f600 \ufffd\ufffd"  # a pair joined; reversed: two
+    record = {"k\ud800": ["x\udfff", ("é", 1, None)], "reward": 0.5, "ids": torch.tensor([1])}
+    fixed = valid_texts(record)
+    assert fixed["k\ufffd"][:1] == ["x\ufffd"] and fixed["k\ufffd"][1] == ("é", 1, None)
+    assert fixed["reward"] == 0.5 and fixed["ids"] is record["ids"]
+    assert "\ufffd".join(fixed).encode("utf-8")  # every text encodes

@@ -90,6 +90,28 @@ def test_round_file_checksum_survives_non_ascii_and_a_file_without_one_is_read(t
     assert read_round_file(str(path))["pairs"] == [record]
 
 
+def test_round_file_writes_invalid_unicode_as_replacement_characters_and_reads_back_as_written(tmp_path):
+    # old code: UnicodeEncodeError ('utf-8' codec can't encode character '\ud800': surrogates not allowed) in
+    # json.dump; no round file was written
+    path = tmp_path / "iteration_0001.json"
+    record = {**_record(), "prompts": ["p \udfff", "d\u00e9j\u00e0 \u4f60\u597d \U0001f600"]}
+    record["loser_completions"] = ["x\ud800", "\ud83d\ude00 joined"]  # a lone surrogate; a pair of surrogates
+    write_round_file(str(path), 1, [record])
+    raw = path.read_bytes()
+    assert "d\u00e9j\u00e0 \u4f60\u597d \U0001f600".encode() in raw  # valid text as it is (UTF-8, not escaped)
+    pair = read_round_file(str(path))["pairs"][0]  # the checksum holds for what was written
+    assert pair == {
+        **record,
+        "prompts": ["p \ufffd", "d\u00e9j\u00e0 \u4f60\u597d \U0001f600"],
+        "loser_completions": ["x\ufffd", "\U0001f600 joined"],
+    }
+    assert record["loser_completions"][0] == "x\ud800"  # the caller's records are not changed
+    # a checkpoint's copy is restored by reading and writing it again (RoundDriver.load_state): the same file
+    again = tmp_path / "again" / "iteration_0001.json"
+    write_round_file(str(again), 1, [pair])
+    assert again.read_bytes() == raw
+
+
 @pytest.fixture(scope="module")
 def iterative_checkpoint(tmp_path_factory, tiny_path):
     """A real round-end checkpoint of a 1-round MADPOIter run (and the trainer that wrote it)."""

@@ -1,9 +1,12 @@
 """TRL's names as the primary API: trainer arguments, config fields, reward functions (`trl.rewards` included)."""
 
+import sys
+import types
 import warnings
 
 import pytest
 import torch
+from conftest import completions_read_as
 from datasets import Dataset
 from trl.rewards import think_format_reward
 
@@ -289,6 +292,36 @@ def test_training_logs_trl_metric_names_and_the_completions_table(tmp_path, tiny
     assert logs[0]["kl"] == pytest.approx((logs[0]["agent_1/kl"] + logs[0]["agent_2/kl"]) / 2)
     out = capsys.readouterr().out
     assert "Step 1" in out and "reward" in out  # TRL's rich table of prompts / completions
+
+
+def test_completions_table_shows_invalid_unicode_as_replacement_characters(tmp_path, tiny_path, capsys):
+    # old code: UnicodeEncodeError ('utf-8' codec can't encode character '\ud800': surrogates not allowed) from
+    # rich's console, in TRL's print_prompt_completions_sample called by MultiAgentTrainer.log: the run stopped
+    args = cfg(tmp_path, max_steps=2, logging_steps=1, log_completions=True, disable_tqdm=True)
+    t = MAGRPOTrainer(model=tiny_path, reward_funcs=count_a, args=args, train_dataset=ITEMS)
+    completions_read_as(t, ["bad \ud800", "café 中文 😀"])
+    t.train()
+    assert t.state.global_step == 2
+    out = capsys.readouterr().out
+    assert out.count("Step 1") == out.count("Step 2") == 1  # both steps' tables
+    assert "bad \ufffd" in out and "café 中文 😀" in out
+
+
+def test_completions_table_reported_to_wandb_holds_valid_text(monkeypatch):
+    # old code: UnicodeEncodeError ('utf-8' codec can't encode character '\udfff') from pyarrow, building the
+    # table's DataFrame (pandas' Arrow strings)
+    from trl_marl.trainers.metrics import log_completions_table
+
+    logged = []
+    wandb = types.SimpleNamespace(run=object(), Table=lambda dataframe: dataframe, log=logged.append)
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setattr("transformers.utils.is_rich_available", lambda: False)  # the table only
+    record = {"prompts": ["p \udfff", "p"], "completions": ["bad \ud800", "café 中文 😀"], "raw_reward": 1.0}
+    log_completions_table([{**record, "advantages": [0.5, 0.5]}], 3, types.SimpleNamespace(report_to=["wandb"]))
+    table = logged[0]["completions"]
+    assert table["agent_1/completion"].tolist() == ["bad \ufffd"]
+    assert table["agent_2/completion"].tolist() == ["café 中文 😀"]
+    assert table["prompt"].tolist() == ["[1] p \ufffd\n[2] p"]
 
 
 def test_madpo_final_evaluation_is_printed_and_returned_with_progress_bars(tmp_path, tiny_path, capsys):

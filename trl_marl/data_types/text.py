@@ -1,12 +1,14 @@
-"""Prompt and completion text that remember how they were made (a chat template; the EOS a completion ended with)."""
+"""Prompt and completion text that remember how they were made (a chat template; the EOS a completion ended with),
+and `valid_text` / `valid_texts`: any text made fit for a file, a console, a JSON body or a tokenizer."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 
-__all__ = ["PromptText", "UNKNOWN_EOS", "CompletionText"]
+__all__ = ["PromptText", "UNKNOWN_EOS", "CompletionText", "valid_text", "valid_texts"]
 
 
 class PromptText(str):
@@ -52,3 +54,40 @@ class CompletionText(str):
         obj = super().__new__(cls, text)
         obj.eos_token, obj.token_ids, obj.tokenizer = eos_token, token_ids, tokenizer
         return obj
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode: each lone surrogate (U+D800..U+DFFF) becomes U+FFFD, the replacement character (two
+    that form a surrogate pair become the character they encode). Valid text (accents, CJK, emoji, control
+    characters) is returned unchanged, as the same object: a `PromptText` / `CompletionText` keeps its attributes.
+
+    A model's or an environment's text can hold lone surrogates (an API's JSON answer with a `"\\ud800"` escape, a
+    tool's output), which no UTF-8 file, console, JSON request or tokenizer takes (`UnicodeEncodeError: surrogates
+    not allowed`). Whatever writes, prints, logs, sends or tokenizes such text passes it through here first.
+
+    Why U+FFFD and not a `\\udXXX` escape (`backslashreplace`): U+FFFD is what decoders already write for invalid
+    text (a tokenizer's decode of a broken byte sequence), so invalid text reads the same however it came; it cannot
+    be taken for text the model wrote (code often holds a literal `\\ud800` escape); a lone surrogate is one
+    character and so is its replacement; and a file keeps valid UTF-8 and strictly valid JSON, which JSON's own
+    lone `\\ud800` escape is not (pyarrow, hence `datasets.load_dataset("json")`, refuses it). Only the invalid code
+    point is lost: it encoded no character."""
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def valid_texts(value: Any) -> Any:
+    """`value` with `valid_text` applied to every string in it: JSON-like data (dicts, their keys too, lists, tuples,
+    nested) is rebuilt; any other value (a number, None, a tensor) is returned as it is."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        return {valid_texts(k): valid_texts(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [valid_texts(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(valid_texts(v) for v in value)
+    return value

@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trl_marl.data_types.text import valid_texts
+
 __all__ = [
     "AGENT_INDEX_ARG",
     "COMPACT_TOOL_CHAT_TEMPLATE",
@@ -276,7 +278,8 @@ class ToolCallRequest:
 
 @dataclass
 class ToolResult:
-    """The outcome of one call; `message()` is the tool message appended to the conversation."""
+    """The outcome of one call; `message()` is the tool message appended to the conversation (its text valid
+    unicode: a lone surrogate in a tool's output, which the tokenizer refuses, is U+FFFD, `valid_text`)."""
 
     name: str
     content: Any  # str, or a list of content blocks (multimodal, passed through as TRL does)
@@ -287,7 +290,7 @@ class ToolResult:
     arguments: dict | None = None  # the keyword arguments the tool was called with (None: it was not called)
 
     def message(self) -> dict:
-        return {"role": "tool", "name": self.name, "content": self.content}
+        return {"role": "tool", "name": self.name, "content": valid_texts(self.content)}
 
 
 def _content(result: Any) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from trl_marl.data_types.rollout import GenerationOutput
-from trl_marl.data_types.text import PromptText
+from trl_marl.data_types.text import PromptText, valid_text
 
 __all__ = ["GenerationEngine", "GenerationUnavailable", "SamplingSettings", "prompt_token_ids"]
 
@@ -82,7 +82,8 @@ class SamplingSettings:
 def prompt_token_ids(tokenizer: Any, prompts: Sequence[PromptText], max_prompt_length: int | None) -> list[list[int]]:
     """The token ids an engine generates from: a prompt's own `token_ids` when it carries them
     (`PromptText.of_ids`), else the tokenized text (no special tokens after a chat template), left-cut to
-    `max_prompt_length`."""
+    `max_prompt_length`. Invalid unicode in a text (a lone surrogate from an environment's or a tool's text, which
+    the tokenizer refuses) is tokenized as U+FFFD (`valid_text`)."""
     if not prompts:
         return []
     given = [getattr(p, "token_ids", None) for p in prompts]  # plain strings are prompts too
@@ -90,7 +91,7 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[PromptText], max_prompt_l
     rows: list[list[int]] = [list(ids) if ids is not None else [] for ids in given]
     if text_rows:
         chat = getattr(prompts[text_rows[0]], "chat", False)
-        encoded = tokenizer([str(prompts[i]) for i in text_rows], add_special_tokens=not chat)["input_ids"]
+        encoded = tokenizer([valid_text(str(prompts[i])) for i in text_rows], add_special_tokens=not chat)["input_ids"]
         for i, ids in zip(text_rows, encoded):
             rows[i] = list(ids)
     return [r[-max_prompt_length:] if max_prompt_length is not None else r for r in rows]

@@ -13,6 +13,7 @@ from huggingface_hub.errors import RepositoryNotFoundError
 
 from trl_marl.checkpointing.checksums import verify_saved_agent
 from trl_marl.checkpointing.state_files import CorruptedStateError
+from trl_marl.data_types.text import valid_text
 from trl_marl.hub.cards import write_model_cards
 from trl_marl.hub.push import push_team_to_hub
 from trl_marl.hub.settings import (
@@ -221,7 +222,7 @@ class AgentTeam:
             raise IndexError(f"agent must be in [0, {self.num_agents}), got {agent}")
         model, tok = self.agents[agent], self.tokenizers[agent]
         text = render_prompt(prompt, tok)
-        enc = tok(str(text), return_tensors="pt", add_special_tokens=not text.chat)
+        enc = tok(valid_text(str(text)), return_tensors="pt", add_special_tokens=not text.chat)
         limit = (self.description.get("training_config") or {}).get("max_prompt_length")
         if limit:  # as in training: long prompts keep their last `max_prompt_length` tokens
             enc = {k: v[:, -limit:] for k, v in enc.items()}

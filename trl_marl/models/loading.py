@@ -11,7 +11,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from trl_marl.checkpointing.checksums import verify_saved_agent
-from trl_marl.data_types.text import UNKNOWN_EOS, CompletionText
+from trl_marl.data_types.text import UNKNOWN_EOS, CompletionText, valid_text
 
 __all__ = [
     "MODEL_CONFIG_KEYS",
@@ -223,14 +223,15 @@ def completion_token_ids(
     - `eos_token` None: the completion was cut at `max_new_tokens`; its ids, NO EOS appended.
     - unknown (`UNKNOWN_EOS`, a plain text): a finished completion ending with the default EOS, unless its text
       alone fills `max_new_tokens` (then it was cut: no EOS).
-    A `CompletionText`'s own `eos_token` is used when `eos_token` is not given.
+    A `CompletionText`'s own `eos_token` is used when `eos_token` is not given. Invalid unicode in the text (a lone
+    surrogate, which a tokenizer refuses) is tokenized as U+FFFD (`valid_text`), as round files store it.
     """
     if isinstance(text, CompletionText):
         if text.token_ids is not None and text.tokenizer is tokenizer:
             return torch.as_tensor(text.token_ids, dtype=torch.long).clone()
         if eos_token is UNKNOWN_EOS:
             eos_token = text.eos_token
-    ids = tokenizer(str(text), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(valid_text(str(text)), add_special_tokens=False)["input_ids"]
     if eos_token is UNKNOWN_EOS:
         eos_token = None if len(ids) >= max_new_tokens else ""
     if eos_token is None:

@@ -44,6 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from trl_marl.data_types.text import valid_texts
 from trl_marl.plugins.comparators_protocol import option_name
 from trl_marl.utils.secrets import check_no_secrets
 
@@ -705,10 +706,12 @@ class APIClient:
 
     def _post(self, body: dict[str, Any], headers: dict[str, str], auth: httpx.Auth):
         """One attempt: stream the response under the wall-clock deadline and the size cap; returns
-        `(status, reason, body bytes, headers)`."""
+        `(status, reason, body bytes, headers)`. The body's texts are sent as valid unicode (`valid_texts`: a lone
+        surrogate in a prompt, which httpx's UTF-8 JSON cannot encode, is sent as U+FFFD)."""
         config = self.config
         deadline = time.monotonic() + config.timeout
         cap = int(config.max_response_bytes)
+        body = valid_texts(body)
         with self._http().stream("POST", config.url, json=body, headers=headers, auth=auth) as response:
             # a watchdog closes the stream at the deadline, so that a read blocked on a stalled server returns
             watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), response.close)

@@ -33,7 +33,7 @@ from trl_marl.checkpointing.checkpoint import PreemptionHandler, resolve_resume_
 from trl_marl.data_types.batches import AgentBatch, collate_agent_batch
 from trl_marl.data_types.rng import RNGStreams
 from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample
-from trl_marl.data_types.text import UNKNOWN_EOS, PromptText
+from trl_marl.data_types.text import UNKNOWN_EOS, PromptText, valid_text
 from trl_marl.distributed.collective import destroy_process_group_at_exit
 from trl_marl.distributed.fsdp import enable_fsdp_on_cpu, is_fsdp2, shard_team
 from trl_marl.distributed.memory import (
@@ -392,7 +392,7 @@ class MultiAgentTrainer(_BaseTrainer):
     def tokenize_prompt(self, i: int, prompt: str) -> torch.Tensor:
         """Agent i's prompt token ids, as generation tokenizes them."""
         chat = getattr(prompt, "chat", False) or self._chat_prompts[i]
-        ids = self.tokenizers[i](str(prompt), add_special_tokens=not chat)["input_ids"]
+        ids = self.tokenizers[i](valid_text(str(prompt)), add_special_tokens=not chat)["input_ids"]
         if self.args.max_prompt_length is not None:
             ids = ids[-self.args.max_prompt_length :]
         return torch.tensor(ids, dtype=torch.long)

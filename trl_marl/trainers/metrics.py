@@ -20,6 +20,7 @@ from accelerate.utils import gather_object
 from torch import nn
 
 from trl_marl.data_types.rollout import Rollout, generated_tokens
+from trl_marl.data_types.text import valid_texts
 from trl_marl.rollout.returns import RolloutReturns
 
 __all__ = [
@@ -86,11 +87,13 @@ def team_means_of_agent_metrics(metrics: dict[str, float], names: Sequence[str] 
 def log_completions_table(records: list[dict], step: int, args: Any, num_to_print: int | None = None) -> None:
     """TRL's `log_completions`: print a rich table of the rollout's joint actions (each agent's prompt and
     completion, the reward, the advantages; TRL's `print_prompt_completions_sample`) and log it as a table to W&B /
-    trackio when those are in `report_to`."""
+    trackio when those are in `report_to`. Invalid unicode in a text (a lone surrogate) is shown as U+FFFD
+    (`valid_text`): the console and the tables take valid text only."""
     from transformers.utils import is_rich_available
 
     if not records:
         return
+    records = valid_texts(records)
     n = len(records[0]["completions"])
     prompts = [
         r["prompts"][0] if n == 1 else "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(r["prompts"])) for r in records
@@ -125,12 +128,18 @@ def log_completions_table(records: list[dict], step: int, args: Any, num_to_prin
 
 
 def append_trace(path: str | Path, records: list[dict], step: int, env_step: int) -> None:
-    """Append one JSON line per record (a joint action of a rollout) to `path`, tagged with the step and env step."""
+    """Append one JSON line per record (a joint action of a rollout) to `path`, tagged with the step and env step.
+    The file is UTF-8 with non-ASCII text as it is; a lone surrogate in a text is written as U+FFFD (`valid_text`).
+    Every line is encoded before the file is opened, so a record that cannot be written leaves the file as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps({"step": step, "env_step": env_step, **rec}, ensure_ascii=False) + "\n")
+    lines = [
+        json.dumps(valid_texts({"step": step, "env_step": env_step, **rec}), ensure_ascii=False) + "\n"
+        for rec in records
+    ]
+    data = "".join(lines).encode("utf-8")
+    with path.open("ab") as f:
+        f.write(data)
 
 
 class MetricsRecorder:

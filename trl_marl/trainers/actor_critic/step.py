@@ -38,6 +38,7 @@ from trl_marl.checkpointing.state_files import CorruptedStateError, read_json_st
 from trl_marl.data_types.batches import AgentBatch, CriticBatch, collate_critic_batch
 from trl_marl.data_types.critic import CriticData, Transitions, ValueStream, build_transitions
 from trl_marl.data_types.rollout import Rollout
+from trl_marl.data_types.text import valid_text
 from trl_marl.models.value_head import (
     VALUE_HEAD_WEIGHTS,
     ActorCriticTeam,
@@ -343,7 +344,7 @@ class ActorCriticStep(RLStep):
                 node = rollout.nodes[nid]
                 ks = node.joint[j]
                 completions = [rollout.samples[node.samples[a][k]].completion for a, k in enumerate(ks)] if q else None
-                texts.append(joint_critic_text(node.prompts, completions))
+                texts.append(valid_text(joint_critic_text(node.prompts, completions)))  # tokenizer input
             tok = self.trainer.tokenizers[0]
             limit = self.args.critic_max_length  # joint critics: MAAC / MAPPO configs
             for ids in tok(texts, add_special_tokens=True)["input_ids"]:

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from trl_marl.data_types.text import valid_text, valid_texts
 from trl_marl.trainers.preference.pair_checks import check_record, record_problem, shape_problem
 from trl_marl.trainers.preference.preference_data import preference_records
 
@@ -176,7 +177,7 @@ class PreferencePair:
             if is_chat is None:
                 bos = getattr(tok, "bos_token", None)
                 is_chat = bool(bos) and str(text).startswith(bos)
-            ids = tok(str(text), add_special_tokens=not is_chat)["input_ids"]
+            ids = tok(valid_text(str(text)), add_special_tokens=not is_chat)["input_ids"]
             if max_prompt_length is not None:
                 ids = ids[-max_prompt_length:]
             prompts.append(str(text))
@@ -450,7 +451,8 @@ def to_dataset(pairs: Sequence[PreferencePair], agent: int | None = None, conver
     `conversational=None` picks the conversational form (`prompt` a list of messages, `chosen` / `rejected` one
     assistant message) when every agent's prompt came from a chat template, else plain text; `True` / `False`
     forces one. Every row also carries `winner_reward`, `loser_reward` and `candidate_reward_mean` (TRL's
-    trainers drop unused columns).
+    trainers drop unused columns). Invalid unicode in a text (a lone surrogate, which Arrow cannot store) is written
+    as U+FFFD (`valid_text`); valid text as it is.
     """
     from datasets import Dataset
 
@@ -496,7 +498,7 @@ def to_dataset(pairs: Sequence[PreferencePair], agent: int | None = None, conver
         rows["winner_reward"].append(float(p.winner_reward))
         rows["loser_reward"].append(float(p.loser_reward))
         rows["candidate_reward_mean"].append(float(p.candidate_reward_mean))
-    return Dataset.from_dict(rows)
+    return Dataset.from_dict(valid_texts(rows))
 
 
 def _text(value) -> str:

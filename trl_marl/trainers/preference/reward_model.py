@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from trl_marl.data_types.text import valid_text
 from trl_marl.distributed.collective import even_chunks
 from trl_marl.distributed.zero3 import is_zero3
 from trl_marl.trainers.config import training_args_quietly
@@ -178,7 +179,9 @@ class JointRewardModel(nn.Module):
 
     def token_ids(self, text: str) -> list[int]:
         """The token ids the model reads for one transcript: as TRL's `RewardTrainer` tokenizes plain text (EOS
-        appended, the tokenizer's special tokens), cut to the last `max_length` tokens."""
+        appended, the tokenizer's special tokens), cut to the last `max_length` tokens; invalid unicode (a lone
+        surrogate in a comparator's text) read as U+FFFD (`valid_text`)."""
+        text = valid_text(text)
         eos = self.tokenizer.eos_token if self.tokenizer.eos_token_id != self.tokenizer.pad_token_id else None
         if eos and not text.endswith(eos):
             text = text + eos

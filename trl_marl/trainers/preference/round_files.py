@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Sequence
 
 from trl_marl.checkpointing.state_files import CorruptedStateError, read_json_state, require
+from trl_marl.data_types.text import valid_texts
 from trl_marl.trainers.preference.pair_checks import record_problem
 
 __all__ = [
@@ -52,7 +53,11 @@ def round_pairs_sha256(records: list) -> str:
 
 def write_round_file(path: str, iteration: int, records: list[dict]) -> None:
     """Write `{"iteration", "num_pairs", "sha256", "pairs"}` to `path` atomically (temp file in the same folder,
-    fsync, rename), so a crash never leaves a half-written round; `sha256` is `round_pairs_sha256(records)`."""
+    fsync, rename), so a crash never leaves a half-written round; `sha256` is `round_pairs_sha256` of the pairs
+    written. The file is UTF-8 with non-ASCII text as it is, so it reads back equal to `records`, except that a lone
+    surrogate in a text (invalid unicode, e.g. from an API's JSON) is written as U+FFFD (`valid_text`), the text
+    `completion_token_ids` tokenizes for it: a comparator's completion read back gives the ids its pair trained on."""
+    records = valid_texts(records)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".round-", suffix=".json.tmp", dir=folder)
