@@ -45,6 +45,7 @@ from trl_marl.hub import (
     team_metadata,
     write_trainer_cards,
 )
+from trl_marl.rollout.prompts import PromptError
 from trl_marl.trainers.finite import check_weights
 from trl_marl.utils.secrets import redacted_args
 
@@ -351,8 +352,9 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
     current optimizer step (`PreemptionCallback`); the end of a phase before the loop (`stop_if_preempted`: the
     checkpoint holds what the phases produced, so nothing is redone); the end of `train()`, unless an outer block
     (`preemption_covered`: the CLI's final evaluation and save) handles it. A generation engine that stops answering
-    in the loop (`GenerationUnavailable`: a dead vLLM server) gets a checkpoint at the step boundary before its error
-    is raised (`save_after_generation_failure`)."""
+    in the loop (`GenerationUnavailable`: a dead vLLM server), or a task item without a usable prompt
+    (`trl_marl.rollout.prompts.PromptError`), gets a checkpoint at the step boundary before its error is raised
+    (`save_after_generation_failure`)."""
     handler = trainer._preemption
     with handler.covering():
         checkpoint = trainer._restore_for_resume(resume_from_checkpoint)
@@ -366,6 +368,9 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
                     out = training_loop(loop_checkpoint, *args, **kwargs)
                 except GenerationUnavailable as exc:  # a dead vLLM server: a checkpoint at the step boundary
                     save_after_generation_failure(trainer, exc)
+                    raise
+                except PromptError as exc:  # a task item with no usable prompt: the same, then fix the item
+                    save_after_generation_failure(trainer, exc, remedy="fix or drop the item")
                     raise
                 if handler.stop_now:
                     exit_preempted(trainer)
@@ -448,9 +453,10 @@ def exit_preempted(trainer: Any, checkpoint: str | None = None, when: str | None
     raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
-def save_after_generation_failure(trainer: Any, error: BaseException) -> None:
-    """The generation engine stopped answering (a dead vLLM server) during `train()`: as on preemption, write the
-    checkpoint of the last optimizer step (unless it exists) and add to `error` where it is, for the caller to raise.
+def save_after_generation_failure(trainer: Any, error: BaseException, remedy: str = "restart the server") -> None:
+    """The generation engine stopped answering (a dead vLLM server) during `train()`, or a task item's prompt could
+    not be generated from (`PromptError`): as on preemption, write the checkpoint of the last optimizer step (unless
+    it exists) and add to `error` where it is and `remedy` (what to do before resuming), for the caller to raise.
 
     Only at an optimizer-step boundary (not between micro-steps of gradient accumulation) and in a one-process run
     (the other processes may be inside a collective of the step and could not join the save); there the error names
@@ -466,6 +472,6 @@ def save_after_generation_failure(trainer: Any, error: BaseException) -> None:
     else:
         latest = latest_complete_checkpoint(args.output_dir, warn=False)
         note = f"the run stopped at step {step}; the latest checkpoint is {latest or 'none (nothing trained yet)'}"
-    note = f"trl_marl: {note}; restart the server, then resume with train(resume_from_checkpoint=True)"
+    note = f"trl_marl: {note}; {remedy}, then resume with train(resume_from_checkpoint=True)"
     logger.warning(note)
     error.add_note(note)
