@@ -266,3 +266,242 @@ def test_mistyped_local_folder_says_folder_not_found(make_args, items, tmp_path)
             args=make_args(),
             train_dataset=items,
         )
+
+
+# ------------------------------------------------------------------------- prompts: every row checked, bad ones named
+def _topics(n=8, bad=None, chat=False):
+    """`n` task items, row k's prompt replaced by `bad[k]`; `chat`: prompts as chat messages."""
+    rows = [{"prompt": f"Write about topic {i}.", "topic": str(i)} for i in range(n)]
+    if chat:
+        rows = [{**r, "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": r["prompt"]}]}
+                for r in rows]  # fmt: skip
+    for k, value in (bad or {}).items():
+        rows[k] = {**rows[k], "prompt": value}
+    return rows
+
+
+def _as(kind, rows):
+    from datasets import Dataset
+
+    return Dataset.from_list(rows) if kind == "Dataset" else rows
+
+
+@pytest.mark.parametrize("kind", ["Dataset", "list"])
+@pytest.mark.parametrize(
+    "trainer, config",
+    [("MAGRPOTrainer", "MAGRPOConfig"), ("MAPPOTrainer", "MAPPOConfig"), ("IACTrainer", "IACConfig"),
+     ("MADPOTrainer", "MADPOConfig"), ("MARLHFTrainer", "MARLHFConfig")],
+)  # fmt: skip
+def test_an_empty_prompt_in_a_later_row_is_refused_at_construction_naming_the_row(make_args, kind, trainer, config):
+    """Audit: `{"prompt": ""}` in any row crashed `train()` with transformers' bare `IndexError: index -1 is out of
+    bounds for dimension 1 with size 0` when the row was sampled (only item 0 was checked). Every trainer that
+    generates from task items reads the column at construction, before any model loads (old code: the missing model
+    was the first error)."""
+    import trl_marl
+
+    args = make_args(getattr(trl_marl, config))
+    kw = {"critic_model": MISSING} if trainer == "MAPPOTrainer" else {}
+    with pytest.raises(
+        ValueError,
+        match=r"^train_dataset\[5\]\['prompt'\] is an empty string; the default formatter makes it the prompt of "
+        r"agents 1, 2, and a prompt must be a non-empty string or a non-empty list of chat messages .*Every row's "
+        r"prompt is checked when the trainer is built: fix or drop the rows",
+    ):
+        build(make_args, _as(kind, _topics(bad={5: ""})), getattr(trl_marl, trainer), args=args, **kw)
+
+
+@pytest.mark.parametrize(
+    "kind, bad, message",
+    [
+        ("Dataset", {3: None, 6: None}, r"train_dataset\[3\]\['prompt'\] is None \(missing\) \(1 more of its 8 rows are bad too\)"),
+        ("list", {3: None}, r"train_dataset\[3\]\['prompt'\] is None \(missing\);"),
+        ("list", {6: 7}, r"train_dataset\[6\]\['prompt'\] is an int \(7\), not a string or chat messages;"),
+        ("list", {2: ["a", "b"]}, r"train_dataset\[2\]\['prompt'\] is a list whose entry 0 is a str \('a'\), not a chat"),
+    ],
+)  # fmt: skip
+def test_a_prompt_that_is_not_text_in_a_later_row_is_named_at_construction(make_args, kind, bad, message):
+    """Audit: `prompt=None` or an int in a row failed when the row was sampled with `TypeError: a formatter must
+    return a string or a list of chat messages, got NoneType`, naming no row, agent or column (or never, when the
+    row was not sampled within max_steps)."""
+    with pytest.raises(ValueError, match="^" + message):
+        build(make_args, _as(kind, _topics(bad=bad)))
+
+
+@pytest.mark.parametrize("kind", ["Dataset", "list"])
+def test_a_chat_message_without_a_role_in_a_later_row_is_named_at_construction(make_args, kind):
+    """Audit: a message without a 'role' reached the chat template at the rollout: jinja2's bare
+    `UndefinedError: 'dict object' has no attribute 'role'`."""
+    bad = {4: [{"role": "user", "content": "Write."}, {"content": "no role here"}]}
+    with pytest.raises(
+        ValueError,
+        match=r"^train_dataset\[4\]\['prompt'\] has a chat message \(entry 1\) without a 'role' \(its keys: "
+        r"\['content'\]\); the default formatter makes it the prompt of agents 1, 2",
+    ):
+        build(make_args, _as(kind, _topics(bad=bad, chat=True)))
+
+
+def test_a_custom_formatter_that_returns_no_prompt_on_the_first_item_is_named_at_construction(make_args, items):
+    """A custom formatter's output is checked on the first item (the rows after it only when rolled out): None, a
+    number or a message without a 'role' (old code: the formatter had to raise to be caught)."""
+    with pytest.raises(
+        ValueError,
+        match=r"^train_dataset\[0\]: the prompt that the formatter of agent 2 \(.*no_role\) returns has a chat message "
+        r"\(entry 0\) without a 'role' \(its keys: \['content'\]\); a prompt must be a non-empty string",
+    ):
+
+        def no_role(item):
+            return [{"content": item["prompt"]}]
+
+        build(make_args, items, formatters=[lambda item: item["prompt"], no_role])
+
+
+def test_the_eval_dataset_and_the_agents_reading_the_column_are_named(make_args, items):
+    """Only the agents whose formatter is the default one read the column as their prompt; the eval dataset is
+    checked as the training one is (evaluation after training would meet it)."""
+    from datasets import Dataset
+
+    from trl_marl.rollout.prompts import default_formatter
+
+    with pytest.raises(ValueError, match=r"^eval_dataset\[2\]\['prompt'\] is an empty string; .* prompt of agent 1, "):
+        build(
+            make_args,
+            items,
+            eval_dataset=Dataset.from_list(_topics(4, bad={2: ""})),
+            formatters=[default_formatter, lambda item: f"About {item['topic']}"],
+        )
+
+
+def echo(text: str) -> str:
+    """Repeat a text.
+
+    Args:
+        text: what to repeat.
+    """
+    return text
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    ["Dataset", "list", "chat Dataset", "chat list", "filtered Dataset", "shuffled Dataset", "agentic"],
+)
+def test_valid_prompts_pass_the_row_checks(make_args, dataset):
+    """Plain and conversational prompts, as a Dataset or a list; a Dataset whose bad rows a `filter` dropped (its
+    table still holds them) or that is shuffled; an agentic team's empty prompts (the environment's reset() adds the
+    task): every check passes and construction goes on to load the (missing) model."""
+    from datasets import Dataset
+
+    kw = {}
+    if dataset == "agentic":
+        rows, kw["tools"] = _topics(bad={k: "" for k in range(8)}), [echo]
+    elif dataset.startswith("chat"):
+        rows = _topics(chat=True)
+    elif dataset == "filtered Dataset":
+        rows = Dataset.from_list(_topics(bad={1: "", 6: None})).filter(lambda item: bool(item["prompt"]))
+        assert len(rows) == 6 and len(rows.data) == 8
+    elif dataset == "shuffled Dataset":
+        rows = Dataset.from_list(_topics()).shuffle(seed=0)
+    else:
+        rows = _topics()
+    if isinstance(rows, list) and dataset.endswith("Dataset"):
+        rows = Dataset.from_list(rows)
+    with pytest.raises(FileNotFoundError, match="model folder not found"):
+        build(make_args, rows, **kw)
+
+
+def test_a_prompt_that_tokenizes_to_nothing_stops_the_rollout_naming_the_item_and_the_agent(
+    make_args, tiny_path, tiny_tokenizer
+):
+    """Audit: a prompt with text but no tokens (whitespace, with a tokenizer that strips it) passes every check of
+    its text and reached transformers' `generate`: `IndexError: index -1 is out of bounds for dimension 1 with size
+    0`. The rollout tokenizes each prompt first and names the item and the agent (old code: that IndexError)."""
+    from tokenizers import normalizers
+
+    from trl_marl.rollout.prompts import PromptError
+
+    tiny_tokenizer.backend_tokenizer.normalizer = normalizers.Strip()
+    assert tiny_tokenizer("   ")["input_ids"] == [] and tiny_tokenizer(" a ")["input_ids"]
+    trainer = MAGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=reward,
+        args=make_args(),
+        train_dataset=[{"prompt": "   ", "topic": str(i)} for i in range(4)],
+        processing_class=tiny_tokenizer,
+    )
+    with pytest.raises(
+        PromptError,
+        match=r"^the task item \{'prompt': '   ', 'topic': '\d'\}: agent 1's prompt '   ' has no tokens \(its "
+        r"tokenizer keeps none of its characters\), and generation needs at least one; fix or drop the item",
+    ):
+        trainer.train()
+
+
+def test_a_formatter_that_returns_no_prompt_at_a_later_step_saves_the_run_and_names_the_item(
+    make_args, tiny_path, items
+):
+    """A custom formatter's output is known only when its item is rolled out: one that returns "" at step 2 stops
+    the run with an error naming the item and the agent (old code: transformers' bare IndexError), after writing
+    checkpoint-1 as a dead vLLM server does (`save_after_failure`); fixed, the run resumes from it."""
+    from transformers import TrainerCallback
+
+    from trl_marl.rollout.prompts import PromptError, default_formatter
+
+    broken = {"now": False}
+
+    class BreakAfterStep1(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            broken["now"] = True
+
+    def about(item):
+        return "" if broken["now"] else f"About {item['topic']}"
+
+    out = make_args(max_steps=2).output_dir
+    trainer = MAGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=reward,
+        args=make_args(max_steps=2),
+        train_dataset=items,
+        formatters=[default_formatter, about],
+        callbacks=[BreakAfterStep1()],
+    )
+    with pytest.raises(
+        PromptError,
+        match=r"^the task item \{'prompt': 'Write about topic \d\.', 'topic': '\d'\}: agent 2's prompt is an empty "
+        r"string; a prompt must be a non-empty string",
+    ) as err:
+        trainer.train()
+    assert trainer.state.global_step == 1
+    note = " ".join(err.value.__notes__)
+    assert f"the run stopped after step 1: {out}/checkpoint-1 holds it; fix or drop the item, then resume" in note
+
+    broken["now"] = False
+    resumed = MAGRPOTrainer(
+        model=tiny_path,
+        reward_funcs=reward,
+        args=make_args(max_steps=2),
+        train_dataset=items,
+        formatters=[default_formatter, lambda item: f"About {item['topic']}"],
+    )
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 2
+
+
+def test_a_chat_template_that_fails_on_a_prompt_names_the_item_and_the_agent(tiny_tokenizer):
+    """A chat template's own error (a template that refuses a conversation) is raised naming the item, the agent and
+    the template's message (old code: jinja2's error alone)."""
+    import copy
+
+    from trl_marl.rollout.engine import JointRollout
+    from trl_marl.rollout.prompts import PromptError, PromptRenderer
+
+    strict = copy.deepcopy(tiny_tokenizer)
+    strict.chat_template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
+    engine = JointRollout.__new__(JointRollout)
+    engine.formatters, engine.num_agents = [lambda item: "plain text", lambda item: item["prompt"]], 2
+    engine.render = PromptRenderer([tiny_tokenizer, strict])
+    item = {"prompt": [{"role": "user", "content": "Hi"}], "id": 7}
+    with pytest.raises(
+        PromptError,
+        match=r"^the task item \{'prompt': \[\{'role': 'user', 'content': 'Hi'\}\], 'id': 7\}: agent 2's prompt "
+        r"cannot be rendered: TemplateError: Conversation roles must alternate user/assistant; fix or drop the item$",
+    ):
+        engine.first_prompts(item)

@@ -40,7 +40,7 @@ from trl_marl.models.loading import default_eos_token_id
 from trl_marl.rewards.sources import EnvironmentReward, RewardSources
 from trl_marl.rollout.agentic_turns import AgentTurn, GenerateFn, TurnPlayer
 from trl_marl.rollout.engine import JointRollout
-from trl_marl.rollout.prompts import format_item
+from trl_marl.rollout.prompts import PromptError, describe_item, format_item, prompt_problem, prompt_rule
 
 __all__ = ["AgenticRollout"]
 
@@ -139,6 +139,12 @@ class AgenticRollout:
     def _start(self, item: dict, taken: list) -> Branch:
         """The episode of `item`: each agent's formatted prompt, the item's environment reset with it."""
         prompts = [format_item(self.formatters, i, item) for i in range(self.num_agents)]
+        for i, prompt in enumerate(prompts):  # empty is fine: the environment's reset() may add the task
+            problem = prompt_problem(prompt, allow_empty=True)
+            if problem is not None:
+                raise PromptError(
+                    f"{describe_item(item)}: agent {i + 1}'s prompt {problem}; {prompt_rule(allow_empty=True)}"
+                )
         env = spec = None
         kwargs = dict(item)
         if self.registry is not None:

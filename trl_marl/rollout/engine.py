@@ -21,7 +21,7 @@ from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample,
 from trl_marl.data_types.text import PromptText
 from trl_marl.distributed.collective import any_over_processes
 from trl_marl.rewards import RewardFunction
-from trl_marl.rollout.prompts import format_item
+from trl_marl.rollout.prompts import PromptError, describe_item, format_item
 
 __all__ = ["logger", "JOINT_MODES", "TREE_WARN_SIZE", "GenerateFn", "tree_size", "JointRollout"]
 
@@ -143,7 +143,19 @@ class JointRollout:
         return p if isinstance(p, str) else agent_prompts[0]
 
     def first_prompts(self, item: dict) -> list[PromptText]:
-        return [self.render(i, self.format(i, item)) for i in range(self.num_agents)]
+        """Every agent's rendered prompt for `item`; a prompt that cannot be generated from raises `PromptError`
+        naming the item and the agent."""
+        return [self._rendered(i, self.format(i, item), item) for i in range(self.num_agents)]
+
+    def _rendered(self, i: int, formatted: Any, item: dict, turn: int | None = None) -> PromptText:
+        """`render(i, formatted)`; its `PromptError` names `item` (and the transition's `turn`, for its prompts)."""
+        try:
+            return self.render(i, formatted)
+        except PromptError as exc:
+            where = describe_item(item)
+            if turn is not None:
+                where = f"the external_transition's turn-{turn} prompts for {where}"
+            raise PromptError(f"{where}: {exc}; fix or drop the item") from exc
 
     def format(self, i: int, item: dict):
         """Agent i's formatter on `item`, a failure naming the agent, the formatter and the columns (`format_item`)."""
@@ -170,9 +182,9 @@ class JointRollout:
         prompts = []
         for i, p in enumerate(out):
             if self.external_prompt_passthrough:
-                prompts.append(self.render(i, p))
+                prompts.append(self._rendered(i, p, item, node.turn + 2))
             else:
-                prompts.append(self.render(i, self.format(i, {**item, "prompt": p})))
+                prompts.append(self._rendered(i, self.format(i, {**item, "prompt": p}), item, node.turn + 2))
         return prompts
 
     # --- the rollout ---

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trl_marl.data_types.text import PromptText
 
 __all__ = [
+    "prompt_rule",
+    "PromptError",
+    "prompt_problem",
+    "describe_item",
     "render_prompt",
     "PromptRenderer",
     "default_formatter",
@@ -15,6 +19,54 @@ __all__ = [
     "formatter_failure",
     "format_item",
 ]
+
+
+def prompt_rule(allow_empty: bool = False) -> str:
+    """What a prompt may be (`prompt_problem`), for error messages."""
+    some = "" if allow_empty else "non-empty "
+    return f"a prompt must be a {some}string or a {some}list of chat messages (dicts with a 'role' and a 'content')"
+
+
+class PromptError(ValueError):
+    """A task item whose prompt cannot be generated from (no text, neither a string nor chat messages, a chat template
+    that fails on it, no tokens), named with the agent. Raised at the rollout that meets the item; a trainer writes
+    the checkpoint of the last optimizer step before passing it on (`save_after_failure`)."""
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _a(value: Any) -> str:
+    kind = type(value).__name__
+    return f"{'an' if kind[0].lower() in 'aeiou' else 'a'} {kind} ({_short(value, 60)})"
+
+
+def prompt_problem(value: Any, allow_empty: bool = False) -> str | None:
+    """What makes `value` (a prompt column's value, a formatter's output) no prompt, as the end of a sentence about
+    it ("is an empty string"); None for a usable one. `allow_empty`: an empty string or message list is fine (an
+    agentic item, whose environment's `reset()` adds the task)."""
+    if isinstance(value, str):
+        return None if value or allow_empty else "is an empty string"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return None if allow_empty else "is an empty list of chat messages"
+        for j, message in enumerate(value):
+            if not isinstance(message, Mapping):
+                return f"is a list whose entry {j} is {_a(message)}, not a chat message"
+            if not isinstance(message.get("role"), str):
+                keys = sorted(str(k) for k, v in message.items() if v is not None)
+                return f"has a chat message (entry {j}) without a 'role' (its keys: {keys})"
+        return None
+    if value is None:
+        return "is None (missing)"
+    return f"is {_a(value)}, not a string or chat messages"
+
+
+def describe_item(item: Any) -> str:
+    """A task item as an error message names it: its repr, cut short."""
+    return f"the task item {_short(item, 200)}"
 
 
 def render_prompt(formatted: Any, tokenizer) -> PromptText:
@@ -36,14 +88,33 @@ def render_prompt(formatted: Any, tokenizer) -> PromptText:
 class PromptRenderer:
     """Renders agent i's formatted prompt with agent i's tokenizer (`render_prompt`), remembering in `chat[i]` whether
     agent i's formatter produced chat messages: their text is tokenized without special tokens (the chat template
-    already holds them)."""
+    already holds them).
+
+    A prompt that cannot be generated from raises `PromptError` naming the agent: one that is no prompt
+    (`prompt_problem`: empty, None, a number, a message without a 'role'), one whose chat template fails, and one
+    that its tokenizer turns into no tokens (e.g. whitespace where the tokenizer strips it), which transformers'
+    `generate` would meet as a bare `IndexError`."""
 
     def __init__(self, tokenizers: Sequence[Any]):
         self.tokenizers = tokenizers
         self.chat = [False] * len(tokenizers)
 
     def __call__(self, i: int, formatted: Any) -> PromptText:
-        text = render_prompt(formatted, self.tokenizers[i])
+        problem = prompt_problem(formatted)
+        if problem is not None:
+            raise PromptError(f"agent {i + 1}'s prompt {problem}; {prompt_rule()}")
+        tokenizer = self.tokenizers[i]
+        try:
+            text = render_prompt(formatted, tokenizer)
+        except Exception as exc:
+            raise PromptError(f"agent {i + 1}'s prompt cannot be rendered: {type(exc).__name__}: {exc}") from exc
+        if not text:
+            raise PromptError(f"agent {i + 1}'s chat template renders its prompt {_short(formatted)} as no text")
+        if not tokenizer(str(text), add_special_tokens=not text.chat)["input_ids"]:
+            raise PromptError(
+                f"agent {i + 1}'s prompt {_short(str(text))} has no tokens (its tokenizer keeps none of its "
+                "characters), and generation needs at least one"
+            )
         if text.chat:
             self.chat[i] = True
         return text

@@ -1,16 +1,17 @@
 """The checks a trainer runs on its arguments before any model loads, and the W&B settings it applies.
 
 Each bad argument is a clear error at construction naming the argument and what it accepts, not a failure minutes
-later (a formatter that misses a column fails here on the first item of each dataset, not at the first evaluation).
+later (a formatter that misses a column fails here on the first item of each dataset, not at the first evaluation;
+the `prompt` column the default formatter reads is checked in every row).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trl_marl.rollout.prompts import formatter_failure
+from trl_marl.rollout.prompts import default_formatter, formatter_failure, prompt_problem, prompt_rule
 
 __all__ = [
     "agent_sources",
@@ -19,6 +20,8 @@ __all__ = [
     "check_shared_base",
     "check_sharded_scoring",
     "check_formatters_on_first_items",
+    "check_prompt_column",
+    "first_bad_prompts",
     "column_names",
     "apply_wandb_config",
 ]
@@ -76,7 +79,10 @@ def check_run_arguments(
         raise ValueError("train_dataset is empty: pass a datasets.Dataset (or list of dicts) of task items")
     if eval_dataset is not None and len(eval_dataset) == 0:
         raise ValueError("eval_dataset is empty; pass None to disable evaluation")
+    # an agentic item's prompt may be empty: its environment's reset() adds the task (TRL's placeholder rows)
+    allow_empty = agentic is not None
     check_formatters_on_first_items(formatters, train_dataset=train_dataset, eval_dataset=eval_dataset)
+    check_prompt_column(formatters, allow_empty=allow_empty, train_dataset=train_dataset, eval_dataset=eval_dataset)
     if args.parallel_training == "mp" and args.agent_devices and len(args.agent_devices) not in (1, n):
         raise ValueError(f"agent_devices has {len(args.agent_devices)} entries; give 1 or num_agents={n}")
 
@@ -135,19 +141,137 @@ def check_sharded_scoring(args: Any, sharded: bool) -> None:
 
 def check_formatters_on_first_items(formatters: Sequence[Callable], **datasets: Any) -> None:
     """Every agent's formatter on the first item of each dataset, at construction: a missing column fails now, naming
-    the dataset, the agent and the formatter, not at the first evaluation after training."""
+    the dataset, the agent and the formatter, not at the first evaluation after training; so does a formatter that
+    returns no prompt at all (None, a number, a message without a 'role'). An empty prompt is left to
+    `check_prompt_column` (the default formatter's column) and to the rollout (`PromptRenderer`): an agentic item's
+    may be empty, and so may a preference pair's, which only an evaluation generates from."""
     for which, ds in datasets.items():
         if ds is None:
             continue
         item = ds[0]
         for i, formatter in enumerate(formatters):
             try:
-                formatter(item)
+                formatted = formatter(item)
             except Exception as exc:
                 raise ValueError(
                     f"{which}[0]: {formatter_failure(i, formatter, item, exc)}; every agent's formatter must accept "
                     f"every item of {which} (add the column, or pass formatters that read the columns it has)"
                 ) from exc
+            problem = None if formatter is default_formatter else prompt_problem(formatted, allow_empty=True)
+            if problem is not None:  # (the default formatter's column is checked in every row: check_prompt_column)
+                name = getattr(formatter, "__qualname__", type(formatter).__name__)
+                raise ValueError(
+                    f"{which}[0]: the prompt that the formatter of agent {i + 1} ({name}) returns {problem}; "
+                    f"{prompt_rule()}"
+                )
+
+
+def check_prompt_column(formatters: Sequence[Callable], allow_empty: bool = False, **datasets: Any) -> None:
+    """The `prompt` column of every row of each dataset, at construction, for the agents whose formatter is the
+    default one (it returns `item["prompt"]` as is): one bad row would stop the run when it is sampled, maybe hours
+    in. Read as one Arrow column for a `datasets.Dataset` (100,000 rows: 1-2 ms, 7-22 ms through a `shuffle` or
+    `filter`), row by row for a list of dicts (50-75 ms); other datasets are left to the rollout (`PromptRenderer`
+    names the item that fails). A custom formatter's output is checked on the first item only
+    (`check_formatters_on_first_items`), and what a chat template or a tokenizer makes of a prompt when the item
+    is rolled out."""
+    agents = [i for i, f in enumerate(formatters) if f is default_formatter]
+    if not agents:
+        return
+    who = f"agent {agents[0] + 1}" if len(agents) == 1 else "agents " + ", ".join(str(i + 1) for i in agents)
+    for which, ds in datasets.items():
+        if ds is None:
+            continue
+        found = first_bad_prompts(ds, "prompt", allow_empty)
+        if found is None:
+            continue
+        row, count, problem = found
+        more = f" ({count - 1} more of its {len(ds)} rows are bad too)" if count > 1 else ""
+        raise ValueError(
+            f"{which}[{row}]['prompt'] {problem}{more}; the default formatter makes it the prompt of {who}, and "
+            f"{prompt_rule(allow_empty)}. Every row's prompt is checked when the trainer is built: fix or drop "
+            f"the rows (e.g. {which}.filter(lambda item: bool(item['prompt'])))"
+        )
+
+
+def first_bad_prompts(dataset: Any, column: str, allow_empty: bool = False) -> tuple[int, int, str] | None:
+    """The first row of `dataset` whose `column` is no prompt (`prompt_problem`), as `(row, number of bad rows,
+    problem)`; None when every row's is one, and for a dataset that is neither a `datasets.Dataset` nor a list of
+    dicts, or that lacks the column (the formatter check on the first item names a missing column)."""
+    if isinstance(dataset, (list, tuple)):
+        bad = [k for k, row in enumerate(dataset) if isinstance(row, Mapping) and column in row
+               and prompt_problem(row[column], allow_empty) is not None]  # fmt: skip
+        if not bad:
+            return None
+        return bad[0], len(bad), prompt_problem(dataset[bad[0]][column], allow_empty)
+    try:
+        from datasets import Dataset
+    except ImportError:  # pragma: no cover - datasets is a dependency of TRL
+        return None
+    if not isinstance(dataset, Dataset) or column not in dataset.column_names:
+        return None
+    values = _arrow_column(dataset, column)
+    found = _bad_arrow_rows(values, allow_empty)
+    if found is None:  # a column of another type (numbers, lists of strings): row by row
+        first, count, offset = -1, 0, 0
+        for chunk in values.chunks:
+            bad = [k for k, v in enumerate(chunk.to_pylist()) if prompt_problem(v, allow_empty) is not None]
+            first = offset + bad[0] if bad and first < 0 else first
+            count, offset = count + len(bad), offset + len(chunk)
+    else:
+        first, count = found
+    if not count:
+        return None
+    return first, count, prompt_problem(values[first].as_py(), allow_empty) or "is no prompt"
+
+
+def _arrow_column(dataset: Any, column: str) -> Any:
+    """`dataset[column]` as one Arrow (chunked) array, in the dataset's selection and order: its table's column,
+    taken through the indices a `select` / `shuffle` / `filter` left (`pyarrow.compute.take`: 8 ms for 100,000
+    shuffled rows, where `with_format("arrow")` took 0.2-3.7 s)."""
+    import pyarrow.compute as pc
+
+    values = dataset.data.column(column)
+    indices = getattr(dataset, "_indices", None)
+    if indices is None:
+        return values
+    if hasattr(indices, "column"):  # a table of one column, "indices"
+        return pc.take(values, indices.column(0))
+    return dataset.with_format("arrow")[column]  # pragma: no cover - another datasets layout
+
+
+def _bad_arrow_rows(values: Any, allow_empty: bool) -> tuple[int, int] | None:
+    """The first row of an Arrow column of strings or of chat messages that is no prompt, and how many are: null; an
+    empty string; an empty message list; a message that is null or has no 'role'. None for a column of another
+    type, which the caller reads row by row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = values.type
+    strings = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    role = -1
+    if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_struct(kind.value_type):
+        role = kind.value_type.get_field_index("role")
+        role = role if role >= 0 and pa.types.is_string(kind.value_type.field(role).type) else -1
+    if not strings and role < 0:
+        return None
+    first, count, offset = -1, 0, 0
+    for chunk in values.chunks:  # chunk by chunk: no combined copy of a memory-mapped column
+        mask = chunk.is_null()
+        if not allow_empty:
+            size = pc.utf8_length(chunk) if strings else pc.list_value_length(chunk)
+            mask = pc.or_(mask, pc.fill_null(pc.equal(size, 0), True))
+        rows = pc.indices_nonzero(mask).to_numpy().astype(np.int64)
+        if role >= 0:  # rows holding a message that is null or has no role
+            messages = pc.list_flatten(chunk)
+            no_role = pc.or_(messages.is_null(), pc.struct_field(messages, [role]).is_null())
+            hits = pc.indices_nonzero(pc.fill_null(no_role, True))
+            rows = np.union1d(rows, pc.take(pc.list_parent_indices(chunk), hits).to_numpy().astype(np.int64))
+        if len(rows) and first < 0:
+            first = offset + int(rows[0])
+        count += len(rows)
+        offset += len(chunk)
+    return first, count
 
 
 def column_names(dataset: Any) -> list[str] | None:

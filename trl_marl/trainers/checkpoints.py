@@ -46,6 +46,7 @@ from trl_marl.hub import (
     write_trainer_cards,
 )
 from trl_marl.rewards import RewardFunctionError
+from trl_marl.rollout.prompts import PromptError
 from trl_marl.trainers.finite import check_weights
 from trl_marl.utils.secrets import redacted_args
 
@@ -352,9 +353,9 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
     current optimizer step (`PreemptionCallback`); the end of a phase before the loop (`stop_if_preempted`: the
     checkpoint holds what the phases produced, so nothing is redone); the end of `train()`, unless an outer block
     (`preemption_covered`: the CLI's final evaluation and save) handles it. A generation engine that stops answering
-    in the loop (`GenerationUnavailable`: a dead vLLM server) and a reward function that raises
-    (`RewardFunctionError`) get a checkpoint at the step boundary before their error is raised
-    (`save_after_failure`)."""
+    in the loop (`GenerationUnavailable`: a dead vLLM server), a reward function that raises (`RewardFunctionError`)
+    and a task item without a usable prompt (`trl_marl.rollout.prompts.PromptError`) get a checkpoint at the step
+    boundary before their error is raised (`save_after_failure`)."""
     handler = trainer._preemption
     with handler.covering():
         checkpoint = trainer._restore_for_resume(resume_from_checkpoint)
@@ -366,7 +367,7 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
                 stop_if_preempted(trainer, "before the first optimizer step", keep=loop_checkpoint)
                 try:
                     out = training_loop(loop_checkpoint, *args, **kwargs)
-                except (GenerationUnavailable, RewardFunctionError) as exc:  # a checkpoint at the step boundary
+                except (GenerationUnavailable, RewardFunctionError, PromptError) as exc:  # checkpoint, then raise
                     save_after_failure(trainer, exc)
                     raise
                 if handler.stop_now:
@@ -450,14 +451,24 @@ def exit_preempted(trainer: Any, checkpoint: str | None = None, when: str | None
     raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
-def save_after_failure(trainer: Any, error: BaseException) -> None:
-    """The generation engine stopped answering (`GenerationUnavailable`: a dead vLLM server) or a reward function
-    raised (`RewardFunctionError`) during `train()`: as on preemption, write the checkpoint of the last optimizer step
-    (unless it exists) and add to `error` where it is and what to do, for the caller to raise.
+def _remedy(error: BaseException) -> str:
+    if isinstance(error, RewardFunctionError):
+        return "fix the reward function"
+    if isinstance(error, PromptError):
+        return "fix or drop the item"
+    return "restart the server"
 
-    Both fail before the step changes anything a checkpoint holds (the weights are pushed, and the reward computed,
-    inside the rollout's random stream, which an exception leaves at its state before the block:
-    `RNGStreams.scoped`), so the resumed run draws what an uninterrupted one would. Only at an optimizer-step boundary
+
+def save_after_failure(trainer: Any, error: BaseException) -> None:
+    """The generation engine stopped answering (`GenerationUnavailable`: a dead vLLM server), a reward function
+    raised (`RewardFunctionError`) or a task item's prompt could not be generated from (`PromptError`) during
+    `train()`: as on preemption, write the checkpoint of the last optimizer step (unless it exists) and add to `error`
+    where it is and what to do before resuming, for the caller to raise.
+
+    All three fail before the step changes anything a checkpoint holds (the weights are pushed before the rollout
+    draws anything; the prompts are formatted and the rewards computed inside the rollout's random stream, which an
+    exception leaves at its state before the block: `RNGStreams.scoped`), so the resumed run draws what an
+    uninterrupted one would. Only at an optimizer-step boundary
     (not between micro-steps of gradient accumulation) and in a one-process run (the other processes may be inside a
     collective of the step and could not join the save); there the error names the latest complete checkpoint
     instead, which a resumed run continues from (the steps after it run again).
@@ -472,7 +483,6 @@ def save_after_failure(trainer: Any, error: BaseException) -> None:
     else:
         latest = latest_complete_checkpoint(args.output_dir, warn=False)
         note = f"the run stopped at step {step}; the latest checkpoint is {latest or 'none (nothing trained yet)'}"
-    fix = "fix the reward function" if isinstance(error, RewardFunctionError) else "restart the server"
-    note = f"trl_marl: {note}; {fix}, then resume with train(resume_from_checkpoint=True)"
+    note = f"trl_marl: {note}; {_remedy(error)}, then resume with train(resume_from_checkpoint=True)"
     logger.warning(note)
     error.add_note(note)
