@@ -505,3 +505,28 @@ def test_a_chat_template_that_fails_on_a_prompt_names_the_item_and_the_agent(tin
         r"cannot be rendered: TemplateError: Conversation roles must alternate user/assistant; fix or drop the item$",
     ):
         engine.first_prompts(item)
+
+
+def test_dataset_kinds_a_user_reaches_for_get_the_conversion_to_use(make_args, items):
+    """A streamed dataset, a dict of columns, a DataFrame, a DatasetDict or a dataset name as train_dataset, a string
+    as formatters or processing_class, a dict as peft_config: each named with what to pass, before any model loads.
+    The old code: `object of type 'IterableDataset' has no len()`, `KeyError: 0`, "formatters has 6 entries",
+    "'str' object has no attribute 'pad_token_id'", a PEFT wrapping error after loading."""
+    import pandas as pd
+    from datasets import DatasetDict
+
+    rows = items.to_list()
+    cases = [
+        (dict(train_dataset=items.to_iterable_dataset()), TypeError, r"IterableDataset \(streamed\).*streaming=False"),
+        (dict(train_dataset=items.to_dict()), TypeError, r"a dict of columns: pass datasets.Dataset.from_dict"),
+        (dict(train_dataset=pd.DataFrame(rows)), TypeError, r"pandas DataFrame: pass datasets.Dataset.from_pandas"),
+        (dict(train_dataset=DatasetDict(train=items)), ValueError, r"DatasetDict with the splits \['train'\]"),
+        (dict(train_dataset="my/dataset"), TypeError, r"is a string \('my/dataset'\): load it first"),
+        (dict(eval_dataset=items.to_iterable_dataset()), TypeError, r"eval_dataset is a datasets.IterableDataset"),
+        (dict(formatters="prompt"), TypeError, r"got the string 'prompt'; to read a column.*item\['prompt'\]"),
+        (dict(processing_class="my/tokenizer"), TypeError, r"processing_class is the string 'my/tokenizer'"),
+        (dict(peft_config={"r": 8}), TypeError, r"peft_config must be a peft.PeftConfig, got dict.*LoraConfig\(\*\*"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            build(make_args, items, **kwargs)

@@ -135,6 +135,11 @@ def resolve_formatters(formatters: Callable | Sequence[Callable] | None, num_age
         return [default_formatter] * num_agents
     if callable(formatters):
         return [formatters] * num_agents
+    if isinstance(formatters, (str, bytes)):  # list("prompt") would be six formatters
+        raise TypeError(
+            f"formatters must be a callable (item -> prompt) or a list of {num_agents}, got the string "
+            f"{formatters!r}; to read a column, pass formatters=lambda item: item[{formatters!r}]"
+        )
     formatters = list(formatters)
     if len(formatters) != num_agents:
         raise ValueError(

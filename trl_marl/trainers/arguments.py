@@ -52,6 +52,41 @@ def agent_sources(model: Any, num_agents: int) -> list:
     return [model] * num_agents
 
 
+def check_dataset_kind(name: str, data: Any) -> None:
+    """`data` (a trainer's `train_dataset` / `eval_dataset`, None allowed) is task items to index: a
+    `datasets.Dataset`, a list of dicts, or another sized, indexable collection. The kinds a user reaches for that are
+    not (one of them was read as something else: a dict of columns as its keys) get the conversion to use."""
+    from collections.abc import Mapping
+
+    from datasets import DatasetDict, IterableDataset, IterableDatasetDict
+
+    if data is None:
+        return
+    if isinstance(data, (DatasetDict, IterableDatasetDict)):
+        raise ValueError(
+            f"{name} is a {type(data).__name__} with the splits {list(data)}: pass one split, e.g. "
+            f"{name}=dataset['train']"
+        )
+    if isinstance(data, IterableDataset):
+        raise TypeError(
+            f"{name} is a datasets.IterableDataset (streamed): trl_marl draws task items by index (reshuffled every "
+            "epoch, resumed by position); load it map-style (load_dataset(..., streaming=False)) or keep a part: "
+            f"datasets.Dataset.from_list(list({name}.take(n)))"
+        )
+    if type(data).__module__.split(".")[0] == "pandas":
+        raise TypeError(f"{name} is a pandas {type(data).__name__}: pass datasets.Dataset.from_pandas(df)")
+    if isinstance(data, Mapping):
+        raise TypeError(f"{name} is a dict of columns: pass datasets.Dataset.from_dict(...) (or a list of row dicts)")
+    if isinstance(data, (str, bytes)):
+        raise TypeError(
+            f"{name} is a string ({data!r}): load it first, e.g. datasets.load_dataset({data!r}, split=...)"
+        )
+    if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+        raise TypeError(
+            f"{name} must be a datasets.Dataset or a list of dicts (task items), got {type(data).__name__}"
+        )
+
+
 def check_run_arguments(
     args: Any,
     processing_class: Any,
@@ -66,6 +101,13 @@ def check_run_arguments(
     `agentic` (`trl_marl.trainers.agentic.AgenticSetup`, which checked its own): the environment and the agents'
     conversation make the next turns, and an environment's `get_reward` may be the reward."""
     n = args.num_agents
+    check_dataset_kind("train_dataset", train_dataset)
+    check_dataset_kind("eval_dataset", eval_dataset)
+    if isinstance(processing_class, str):
+        raise TypeError(
+            f"processing_class is the string {processing_class!r}: pass a tokenizer object "
+            "(AutoTokenizer.from_pretrained(...)), or leave it None to load each agent's own"
+        )
     if isinstance(processing_class, (list, tuple)) and len(processing_class) != n:
         raise ValueError(f"tokenizer list has {len(processing_class)} entries but num_agents is {n}")
     if args.num_turns > 1 and external_transition is None and agentic is None:
@@ -105,6 +147,14 @@ def team_reward(
             reward_func, num_agents, processor, allow_per_agent=allow_per_agent, column_names=columns
         )
     return agentic.reward_sources(reward, processor) if agentic is not None else reward
+
+
+def check_peft_config(peft_config: Any) -> None:
+    """`peft_config` is None or a `peft.PeftConfig` (checked by class name: peft need not be installed to say so)."""
+    if peft_config is None or any(c.__name__ == "PeftConfig" for c in type(peft_config).__mro__):
+        return
+    hint = f"peft.LoraConfig(**{peft_config!r})" if isinstance(peft_config, dict) else "peft.LoraConfig(r=16, ...)"
+    raise TypeError(f"peft_config must be a peft.PeftConfig, got {type(peft_config).__name__}: pass e.g. {hint}")
 
 
 def check_shared_base(model: Any, args: Any, peft_config: Any, trainer: str, supported: bool) -> None:

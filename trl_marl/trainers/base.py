@@ -178,6 +178,7 @@ class MultiAgentTrainer(_BaseTrainer):
         columns = arguments.column_names(train_dataset)
         allow = self.supports_per_agent_rewards
         reward = arguments.team_reward(reward_func, n, reward_processor, allow, columns, agentic)
+        arguments.check_peft_config(peft_config)
         if args.share_base_model:
             arguments.check_shared_base(model, args, peft_config, type(self).__name__, self.supports_shared_base)
         self._check_config(args)

@@ -34,6 +34,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict
 
+from trl_marl.trainers.arguments import check_dataset_kind
 from trl_marl.trainers.preference.pair_checks import check_record
 
 __all__ = [
@@ -362,7 +363,7 @@ def resolve_inputs(
     model was given): no pairs are collected, and `reward_funcs` is left to the trainer's own check. Every mismatch is a `ValueError`
     naming the argument and the route that works."""
     for name, data in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-        _check_not_dataset_dict(data, name)
+        check_dataset_kind(name, data)
     in_train = looks_like_preference_data(train_dataset)
     given = in_train or preference_pairs is not None
     if collects_every_round and given:
