@@ -191,6 +191,18 @@ def test_marlhf_refuses_fields_its_backend_does_not_read(make_args, algorithm, f
         make_args(MARLHFConfig, rl_algorithm=algorithm, **{field: value})
 
 
+@pytest.mark.parametrize("cls", ["MARLHFConfig", "MARLHFIterConfig"])
+@pytest.mark.parametrize("value", [0, -3])
+def test_marlhf_reward_max_length_below_one_is_refused(make_args, cls, value):
+    """`reward_max_length` keeps the last N tokens (`ids[-N:]`): 0 kept them all (`ids[-0:]`) and -3 dropped the
+    first 3; only None means no truncation. On the old code both configs were accepted."""
+    import trl_marl
+
+    with pytest.raises(ValueError, match=rf"reward_max_length must be None \(no truncation\) or >= 1, got {value}"):
+        make_args(getattr(trl_marl, cls), reward_max_length=value)
+    assert make_args(MARLHFConfig, reward_max_length=1).reward_max_length == 1
+
+
 def test_madpo_learns(task_trainer):
     t, before = task_trainer(
         MADPOTrainer,

@@ -92,7 +92,7 @@ class MARLHFConfig(PreferenceConfig):
         reward_train_batch_size: pairs per reward-model step and process.
         reward_gradient_accumulation_steps: gradient accumulation of the reward model's fit.
         reward_center_rewards_coefficient: TRL's `center_rewards_coefficient` (`None`: off).
-        reward_max_length: truncate joint transcripts to this many tokens (keeping the end); `None` keeps them.
+        reward_max_length: truncate joint transcripts to this many tokens (keeping the end), >= 1; `None` keeps them.
         reward_freeze_backbone: train only the scalar head.
         reward_model_device: device of the reward model; `None` is the trainer's device (works on CPU-only
             machines, unlike the reference library's `"cuda:0"` default).
@@ -188,6 +188,9 @@ class MARLHFConfig(PreferenceConfig):
             raise ValueError(
                 f"reward_gradient_accumulation_steps must be >= 1, got {self.reward_gradient_accumulation_steps}"
             )
+        if self.reward_max_length is not None and self.reward_max_length < 1:
+            # the transcript keeps its last reward_max_length tokens: 0 would keep them all, -3 drop the first 3
+            raise ValueError(f"reward_max_length must be None (no truncation) or >= 1, got {self.reward_max_length}")
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, backends in BACKEND_FIELDS.items():
             if self.rl_algorithm not in backends and getattr(self, name) != defaults[name]:
