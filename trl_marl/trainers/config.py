@@ -438,6 +438,16 @@ class MultiAgentConfig(_BaseConfig):
             self.max_steps == -1 or self.max_steps >= 1,
             f"max_steps must be >= 1, or -1 to train num_train_epochs epochs; got {self.max_steps}",
         )
+        # TrainingArguments accepts these, then trains 0 steps and reports success / divides by zero in train()
+        need(
+            self.max_steps != -1 or self.num_train_epochs > 0,
+            f"num_train_epochs must be > 0 when max_steps=-1 (training runs num_train_epochs epochs; 0 or less trains "
+            f"0 steps), got {self.num_train_epochs}; or set max_steps >= 1",
+        )
+        gas = self.gradient_accumulation_steps
+        need(gas >= 1, f"gradient_accumulation_steps must be >= 1 (1: no accumulation), got {gas}")
+        nctp = self.num_completions_to_print
+        need(nctp is None or nctp >= 0, f"num_completions_to_print must be None (every row) or >= 0, got {nctp}")
         need(self.learning_rate >= 0, f"learning_rate must be >= 0, got {self.learning_rate}")
         alr = self.agent_learning_rate
         if isinstance(alr, (list, tuple)):
