@@ -156,8 +156,9 @@ class MultiAgentConfig(_BaseConfig):
             (activation checkpointing). `None` sizes the chunks from a memory budget of four times one agent's
             weights (at least 64 MiB): a batch within it is one forward, as without chunks
             (`trl_marl.models.scoring`). Refused under ZeRO-3 / FSDP2, which score each agent in one forward.
-        reward_weights: with a list of `reward_funcs`: one weight per function (default 1 each), as in TRL's
-            `GRPOConfig.reward_weights`; the team reward is the weighted sum.
+        reward_weights: one weight per reward function (default 1 each), as in TRL's `GRPOConfig.reward_weights`;
+            the team reward is the weighted sum. Another count than `reward_funcs` has is refused when the trainer
+            is built.
         model_init_kwargs: keyword arguments for `from_pretrained` when the agents are given as ids (TRL's field),
             e.g. `{"dtype": "bfloat16", "attn_implementation": "sdpa"}`; joins the trainer's `model_config`.
         log_completions: print a table of a training rollout's joint actions (prompts, each agent's completion,

@@ -36,6 +36,7 @@ from trl_marl.trainers.base import MultiAgentTrainer
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.data import identity_collate
 from trl_marl.trainers.evaluation import final_evaluation
+from trl_marl.trainers.names import check_reward_weights
 from trl_marl.trainers.preference.data_parallel import (
     EpochDataLoader,
     GlobalBatchSampler,
@@ -256,6 +257,7 @@ class PreferenceCollectionMixin:
         Returns what the base trainer gets (`train_dataset`, `eval_dataset`, `reward_funcs`); the formatters the
         task items need are set in `kwargs` (the base trainer's keyword arguments)."""
         given = reward_funcs if reward_funcs is not None else kwargs.get("reward_func")  # the deprecated alias too
+        check_reward_weights(given, args.reward_weights)  # before a missing reward becomes `no_task_reward`
         inputs = resolve_inputs(
             type(self).__name__,
             args.num_agents,
