@@ -2,6 +2,7 @@
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -401,6 +402,61 @@ def test_marlhf_bad_inputs(make_args, items, tiny_path):
             args=make_args(MARLHFConfig),
             train_dataset=items,
         )
+
+
+@pytest.mark.parametrize(
+    "field, trainer_kw",
+    [
+        ("reward_model_name", {}),
+        ("reward_model_path", {}),
+        ("critic_model", {"critic_model": "{missing}"}),
+        ("critics[0]", {"critics": ["{missing}"]}),
+    ],
+)
+def test_marlhf_missing_local_folders_fail_at_construction(make_args, items, tiny_path, tmp_path, field, trainer_kw):
+    """A local folder that does not exist is named, with the field, when the trainer is built, in the agents' own
+    words (`model folder not found`). On the old code reward_model_name passed construction and failed after the pair
+    collection with transformers' "Repo id must be in the form ..." OSError (the pairs lost), and reward_model_path
+    and the critics failed at construction with that OSError."""
+    missing = str(tmp_path / "nope_backbone")
+    overrides = {} if trainer_kw else {field: missing}
+    if trainer_kw:
+        overrides["rl_algorithm"] = "maac"
+        trainer_kw = {k: [missing] if isinstance(v, list) else missing for k, v in trainer_kw.items()}
+    with pytest.raises(
+        FileNotFoundError, match=rf"{re.escape(field)}: model folder not found: '{missing}' \(no such local folder"
+    ):
+        MARLHFTrainer(
+            model=tiny_path,
+            reward_funcs=length_reward,
+            args=make_args(MARLHFConfig, **overrides),
+            train_dataset=items,
+            **trainer_kw,
+        )
+
+
+def test_marlhf_hub_id_reward_backbone_is_left_to_the_hub(make_args, items, tiny_path):
+    """A Hub id is not checked against the file system (it loads from the Hub when the reward model is fitted)."""
+    t = MARLHFTrainer(
+        model=tiny_path,
+        reward_funcs=length_reward,
+        args=make_args(MARLHFConfig, reward_model_name="someone/reward-backbone"),
+        train_dataset=items,
+    )
+    assert t.args.reward_model_name == "someone/reward-backbone"
+
+
+def test_marlhf_reward_model_device_must_exist_here(make_args):
+    """On the old code `cuda:0` passed on a CPU-only machine and failed after the pair collection and the reward
+    model's fit (`Torch not compiled with CUDA enabled`)."""
+    absent = ["cuda:0"] if not torch.cuda.is_available() else [f"cuda:{torch.cuda.device_count()}"]
+    for device in [*absent, "cuda:99"]:
+        with pytest.raises(ValueError, match=rf"reward_model_device='{device}': this machine has .*use None"):
+            make_args(MARLHFConfig, reward_model_device=device)
+    with pytest.raises(ValueError, match=r"reward_model_device='gpu' is not a device .*'cpu'"):
+        make_args(MARLHFConfig, reward_model_device="gpu")
+    assert make_args(MARLHFConfig, reward_model_device="cpu").reward_model_device == "cpu"
+    assert make_args(MARLHFConfig).reward_model_device is None
 
 
 def test_marlhf_no_pair_case(make_args, items, tiny_path):
