@@ -175,6 +175,19 @@ def test_madpo_refuses_the_rl_reference_kl(make_args, cls):
         make_args(config, reference_devices=["cpu"])
 
 
+@pytest.mark.parametrize("cls", ["MADPOConfig", "MADPOIterConfig"])
+def test_madpo_refuses_num_generations(tmp_path, cls):
+    """MADPO samples `preference_num_candidates` joint responses per item; `num_generations` was accepted and read by
+    nothing. The error points at the field that does it; the default (unset) is accepted."""
+    import trl_marl
+
+    config = getattr(trl_marl, cls)
+    base = dict(output_dir=str(tmp_path), report_to="none", **({"num_rounds": 1} if "Iter" in cls else {}))
+    with pytest.raises(ValueError, match=r"num_generations=2 does nothing for .*preference_num_candidates=2"):
+        config(**base, num_generations=2)
+    assert config(**base, preference_num_candidates=3).preference_num_candidates == 3
+
+
 @pytest.mark.parametrize(
     "algorithm, field, value",
     [

@@ -20,6 +20,7 @@ given (a preference dataset in TRL's format with one set of columns per agent, `
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -150,7 +151,8 @@ class MADPOConfig(PreferenceConfig):
             Without it and without `ref_model` the loss is reference-free.
 
     `reference_kl_enabled` / `reference_devices` (the RL trainers' reward penalty) are refused: MADPO's reference is
-    the DPO reference (`ref_model`, `precompute_ref_log_probs`).
+    the DPO reference (`ref_model`, `precompute_ref_log_probs`). So is `num_generations` other than its default:
+    the candidates per task item are `preference_num_candidates`.
     """
 
     beta: float = field(default=0.1, metadata={"help": "Scale eta of the joint margin (TRL's DPO beta)."})
@@ -207,6 +209,14 @@ class MADPOConfig(PreferenceConfig):
             raise ValueError(
                 f"reference_devices places the reference-KL copies, which {type(self).__name__} does not build; "
                 "a DPO reference model (ref_model=) is placed beside its agent"
+            )
+        # MADPO samples preference_num_candidates joint responses per item (and evaluates one): G is read by nothing
+        default_g = next(f.default for f in dataclasses.fields(self) if f.name == "num_generations")
+        if self.num_generations != default_g:
+            raise ValueError(
+                f"num_generations={self.num_generations} does nothing for {type(self).__name__}: MADPO samples "
+                "preference_num_candidates joint responses per task item to build its pairs (set "
+                f"preference_num_candidates={self.num_generations} for that many); leave num_generations unset"
             )
 
 
