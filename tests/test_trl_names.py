@@ -201,6 +201,14 @@ def test_reward_weights_without_reward_funcs_fail_at_construction(make_args):
         )
 
 
+def test_model_init_kwargs_that_are_not_a_json_object_name_the_field(tmp_path):
+    """On the old code: a bare JSONDecodeError naming no field; a JSON list failed when the agents loaded."""
+    with pytest.raises(ValueError, match=r"model_init_kwargs='\{dtype: float64\}' is not valid JSON \(.*\); write"):
+        cfg(tmp_path, model_init_kwargs="{dtype: float64}")
+    with pytest.raises(ValueError, match=r"model_init_kwargs must be a dict .*, got \[1\]"):
+        cfg(tmp_path, model_init_kwargs="[1]")
+
+
 def test_model_init_kwargs_reach_from_pretrained(tmp_path, tiny_path):
     t = MAGRPOTrainer(
         model=tiny_path,

@@ -22,7 +22,7 @@ from trl.trainer.base_config import _BaseConfig  # noqa: E402
 from trl_marl.environments.episode import TURN_ORDERS  # noqa: E402
 from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
-from trl_marl.trainers.config_checks import check_field_values  # noqa: E402
+from trl_marl.trainers.config_checks import check_field_values, parse_json_field  # noqa: E402
 from trl_marl.trainers.per_agent import SAMPLING_FIELDS, agent_value, check_per_agent  # noqa: E402
 from trl_marl.trainers.trl_settings import check_config_kwargs  # noqa: E402
 from trl_marl.utils.deprecation import warn_deprecated  # noqa: E402
@@ -382,9 +382,14 @@ class MultiAgentConfig(_BaseConfig):
             require_extra("deepspeed")  # before transformers' own check, to name the extra
         self._resolve_deprecated_aliases()
         if isinstance(self.model_init_kwargs, str):  # from the command line, as in TRL
-            import json
-
-            self.model_init_kwargs = json.loads(self.model_init_kwargs)
+            self.model_init_kwargs = parse_json_field(
+                "model_init_kwargs", self.model_init_kwargs, 'a JSON object such as \'{"dtype": "bfloat16"}\''
+            )
+        if self.model_init_kwargs is not None and not isinstance(self.model_init_kwargs, dict):
+            raise ValueError(
+                "model_init_kwargs must be a dict of from_pretrained keyword arguments (or a JSON object), got "
+                f"{self.model_init_kwargs!r}"
+            )
         if not _accelerator_available():
             if self.bf16 is None and not self.use_cpu:
                 self.bf16 = False

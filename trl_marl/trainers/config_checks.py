@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import numbers
 import types
 import typing
 from typing import Any
 
-__all__ = ["INFINITE_ALLOWED", "check_device", "check_field_values"]
+__all__ = ["INFINITE_ALLOWED", "check_device", "check_field_values", "parse_json_field"]
 
 # Fields where `inf` means something: no clipping threshold that is ever reached / no early termination.
 INFINITE_ALLOWED = frozenset({"max_grad_norm", "early_termination_threshold"})
@@ -176,3 +177,12 @@ def check_device(name: str, value: Any, unset: str = "the trainer's device") -> 
     count = backend.device_count() if hasattr(backend, "device_count") else None
     if device.index is not None and count is not None and device.index >= count:
         raise ValueError(f"{name}={value!r}: this machine has {count} {device.type} device(s); {instead}")
+
+
+def parse_json_field(name: str, text: str, expected: str) -> Any:
+    """A dict field given as a JSON string (the command line's form, as in TRL): its value, or a ValueError naming
+    the field, the parser's complaint and what to write (`expected`), instead of a bare JSONDecodeError."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{name}={text!r} is not valid JSON ({err}); write {expected}") from None
