@@ -63,6 +63,10 @@ def cpu_args(config_cls, tmp_path, **overrides):
         eval_num_samples=4,
         seed=0,
     )
+    from trl_marl import MADPOConfig
+
+    if issubclass(config_cls, MADPOConfig):  # it samples preference_num_candidates and refuses num_generations
+        del defaults["num_generations"]
     defaults.update(overrides)
     return config_cls(**defaults)
 

@@ -311,6 +311,50 @@ def test_bad_settings_are_named_at_construction(make_args, settings, message):
         make_args(**settings)
 
 
+@pytest.mark.parametrize(
+    "generation_kwargs, message",
+    [
+        ({"num_return_sequences": 3}, r"generation_kwargs sets num_return_sequences=3: .* set num_generations=3"),
+        ([None, {"num_return_sequences": 3}], r"generation_kwargs\[1\] sets num_return_sequences=3"),
+        ({"do_sample": False}, r"generation_kwargs sets do_sample=False with num_generations=2: greedy decoding"),
+        ({"bogus_key": 3}, r"generation_kwargs sets \['bogus_key'\], which transformers' GenerationConfig"),
+        ({"max_tokens": 4}, r"'max_tokens' \(did you mean 'max_new_tokens'\?\)"),
+        ('{"top_k": 5', r"generation_kwargs='\{\"top_k\": 5' is not valid JSON \(.*\); write a JSON object"),
+    ],
+)
+def test_generation_kwargs_are_checked_at_construction(make_args, generation_kwargs, message):
+    """On the old code: num_return_sequences gave a bare IndexError when the trainer was built, do_sample=False
+    failed in train() (transformers: greedy methods do not support num_return_sequences != 1), an unknown key was
+    ignored, and a JSON string that does not parse raised a bare JSONDecodeError naming no field."""
+    with pytest.raises(ValueError, match=message):
+        make_args(generation_kwargs=generation_kwargs)
+
+
+def test_generation_kwargs_the_backend_takes_are_accepted(make_args, monkeypatch):
+    from trl_marl.generation import vllm_backend
+
+    kw = {"no_repeat_ngram_size": 2, "max_new_tokens": 4}
+    assert make_args(generation_kwargs=kw).generation_kwargs == kw
+    assert make_args(generation_kwargs='[{"top_k": 5}]').generation_kwargs == [{"top_k": 5}]  # the command line's
+    assert make_args(num_generations=1, generation_kwargs={"do_sample": False}).num_generations == 1  # greedy
+    # use_vllm: the keys go to vLLM's SamplingParams, whose fields the installed vLLM names
+    monkeypatch.setattr(vllm_backend, "vllm_sampling_fields", lambda: frozenset({"presence_penalty", "top_k"}))
+    assert make_args(use_vllm=True, generation_kwargs={"presence_penalty": 0.5}).use_vllm is True
+    with pytest.raises(ValueError, match=r"sets \['no_repeat_ngram_size'\], which vLLM's SamplingParams"):
+        make_args(use_vllm=True, generation_kwargs={"no_repeat_ngram_size": 2})
+    with pytest.raises(ValueError, match=r"generation_kwargs sets n=3: .* set num_generations=3"):
+        make_args(use_vllm=True, generation_kwargs={"n": 3})
+    # "auto" picks one backend when the trainer is built: a key of one of them only is a warning
+    with pytest.warns(UserWarning, match=r"'presence_penalty' is a setting of vLLM's SamplingParams only"):
+        make_args(use_vllm="auto", generation_kwargs={"presence_penalty": 0.5})
+    # no vLLM: nothing to check the keys against with use_vllm=True (the trainer refuses to build without vLLM);
+    # "auto" samples with transformers, whose keys it takes
+    monkeypatch.setattr(vllm_backend, "vllm_sampling_fields", lambda: None)
+    assert make_args(use_vllm=True, generation_kwargs={"presence_penalty": 0.5}).use_vllm is True
+    with pytest.raises(ValueError, match=r"use_vllm='auto' samples with transformers here \(vLLM is not installed"):
+        make_args(use_vllm="auto", generation_kwargs={"presence_penalty": 0.5})
+
+
 def test_per_agent_lists_only_where_a_config_takes_them(make_args):
     with pytest.raises(ValueError, match="temperature takes one value on MADPOConfig"):
         make_args(MADPOConfig, temperature=[0.7, 1.0])

@@ -8,7 +8,9 @@ from trl_marl import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHF
 
 
 def _args(tmp_path, cls, **kw):
-    base = dict(max_completion_length=4, preference_num_candidates=2, num_generations=2)
+    base = dict(max_completion_length=4, preference_num_candidates=2)
+    if cls is not MADPOIterConfig:  # MADPO samples preference_num_candidates and refuses num_generations
+        base["num_generations"] = 2
     return iterative_args(tmp_path, cls, **{**base, **kw})
 
 

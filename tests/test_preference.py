@@ -2,6 +2,7 @@
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -175,6 +176,19 @@ def test_madpo_refuses_the_rl_reference_kl(make_args, cls):
         make_args(config, reference_devices=["cpu"])
 
 
+@pytest.mark.parametrize("cls", ["MADPOConfig", "MADPOIterConfig"])
+def test_madpo_refuses_num_generations(tmp_path, cls):
+    """MADPO samples `preference_num_candidates` joint responses per item; `num_generations` was accepted and read by
+    nothing. The error points at the field that does it; the default (unset) is accepted."""
+    import trl_marl
+
+    config = getattr(trl_marl, cls)
+    base = dict(output_dir=str(tmp_path), report_to="none", **({"num_rounds": 1} if "Iter" in cls else {}))
+    with pytest.raises(ValueError, match=r"num_generations=2 does nothing for .*preference_num_candidates=2"):
+        config(**base, num_generations=2)
+    assert config(**base, preference_num_candidates=3).preference_num_candidates == 3
+
+
 @pytest.mark.parametrize(
     "algorithm, field, value",
     [
@@ -190,6 +204,18 @@ def test_marlhf_refuses_fields_its_backend_does_not_read(make_args, algorithm, f
         ValueError, match=rf"{field}=.* is read by rl_algorithm .* only; with rl_algorithm='{algorithm}'"
     ):
         make_args(MARLHFConfig, rl_algorithm=algorithm, **{field: value})
+
+
+@pytest.mark.parametrize("cls", ["MARLHFConfig", "MARLHFIterConfig"])
+@pytest.mark.parametrize("value", [0, -3])
+def test_marlhf_reward_max_length_below_one_is_refused(make_args, cls, value):
+    """`reward_max_length` keeps the last N tokens (`ids[-N:]`): 0 kept them all (`ids[-0:]`) and -3 dropped the
+    first 3; only None means no truncation. On the old code both configs were accepted."""
+    import trl_marl
+
+    with pytest.raises(ValueError, match=rf"reward_max_length must be None \(no truncation\) or >= 1, got {value}"):
+        make_args(getattr(trl_marl, cls), reward_max_length=value)
+    assert make_args(MARLHFConfig, reward_max_length=1).reward_max_length == 1
 
 
 def test_madpo_learns(task_trainer):
@@ -405,6 +431,61 @@ def test_marlhf_bad_inputs(make_args, items, tiny_path):
             args=make_args(MARLHFConfig),
             train_dataset=items,
         )
+
+
+@pytest.mark.parametrize(
+    "field, trainer_kw",
+    [
+        ("reward_model_name", {}),
+        ("reward_model_path", {}),
+        ("critic_model", {"critic_model": "{missing}"}),
+        ("critics[0]", {"critics": ["{missing}"]}),
+    ],
+)
+def test_marlhf_missing_local_folders_fail_at_construction(make_args, items, tiny_path, tmp_path, field, trainer_kw):
+    """A local folder that does not exist is named, with the field, when the trainer is built, in the agents' own
+    words (`model folder not found`). On the old code reward_model_name passed construction and failed after the pair
+    collection with transformers' "Repo id must be in the form ..." OSError (the pairs lost), and reward_model_path
+    and the critics failed at construction with that OSError."""
+    missing = str(tmp_path / "nope_backbone")
+    overrides = {} if trainer_kw else {field: missing}
+    if trainer_kw:
+        overrides["rl_algorithm"] = "maac"
+        trainer_kw = {k: [missing] if isinstance(v, list) else missing for k, v in trainer_kw.items()}
+    with pytest.raises(
+        FileNotFoundError, match=rf"{re.escape(field)}: model folder not found: '{missing}' \(no such local folder"
+    ):
+        MARLHFTrainer(
+            model=tiny_path,
+            reward_funcs=length_reward,
+            args=make_args(MARLHFConfig, **overrides),
+            train_dataset=items,
+            **trainer_kw,
+        )
+
+
+def test_marlhf_hub_id_reward_backbone_is_left_to_the_hub(make_args, items, tiny_path):
+    """A Hub id is not checked against the file system (it loads from the Hub when the reward model is fitted)."""
+    t = MARLHFTrainer(
+        model=tiny_path,
+        reward_funcs=length_reward,
+        args=make_args(MARLHFConfig, reward_model_name="someone/reward-backbone"),
+        train_dataset=items,
+    )
+    assert t.args.reward_model_name == "someone/reward-backbone"
+
+
+def test_marlhf_reward_model_device_must_exist_here(make_args):
+    """On the old code `cuda:0` passed on a CPU-only machine and failed after the pair collection and the reward
+    model's fit (`Torch not compiled with CUDA enabled`)."""
+    absent = ["cuda:0"] if not torch.cuda.is_available() else [f"cuda:{torch.cuda.device_count()}"]
+    for device in [*absent, "cuda:99"]:
+        with pytest.raises(ValueError, match=rf"reward_model_device='{device}': this machine has .*use None"):
+            make_args(MARLHFConfig, reward_model_device=device)
+    with pytest.raises(ValueError, match=r"reward_model_device='gpu' is not a device .*'cpu'"):
+        make_args(MARLHFConfig, reward_model_device="gpu")
+    assert make_args(MARLHFConfig, reward_model_device="cpu").reward_model_device == "cpu"
+    assert make_args(MARLHFConfig).reward_model_device is None
 
 
 def test_marlhf_no_pair_case(make_args, items, tiny_path):

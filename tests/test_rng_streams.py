@@ -11,7 +11,9 @@ ITEMS = Dataset.from_list([{"prompt": f"Say something about {w}."} for w in ["ra
 
 
 def _args(tmp_path, cls, **kw):
-    base = dict(max_completion_length=5, rollout_buffer_size=2, preference_num_candidates=2, num_generations=2)
+    base = dict(max_completion_length=5, rollout_buffer_size=2, preference_num_candidates=2)
+    if cls is not MADPOIterConfig:  # MADPO samples preference_num_candidates and refuses num_generations
+        base["num_generations"] = 2
     return iterative_args(tmp_path, cls, **{**base, **kw})
 
 

@@ -210,6 +210,34 @@ def test_silent_config_values_are_refused(make_args, overrides, message):
         make_args(**overrides)
 
 
+@pytest.mark.parametrize("config", ["MAGRPOConfig", "MAPPOConfig", "MADPOConfig", "MARLHFConfig"])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"gradient_accumulation_steps": 0}, r"gradient_accumulation_steps must be >= 1 .*got 0"),
+        ({"gradient_accumulation_steps": -2}, r"gradient_accumulation_steps must be >= 1 .*got -2"),
+        ({"max_steps": -1, "num_train_epochs": 0}, r"num_train_epochs must be > 0 when max_steps=-1 .*got 0"),
+        ({"max_steps": -1, "num_train_epochs": -1}, r"num_train_epochs must be > 0 when max_steps=-1 .*got -1"),
+        ({"num_completions_to_print": -1}, r"num_completions_to_print must be None \(every row\) or >= 0, got -1"),
+    ],
+)
+def test_meaningless_trainer_counts_are_refused(make_args, config, overrides, message):
+    """TrainingArguments accepts these: gradient_accumulation_steps=0 failed in train() with transformers'
+    ZeroDivisionError, num_train_epochs <= 0 (max_steps=-1) trained 0 steps and reported success, and a negative
+    num_completions_to_print printed nothing. On the old code every config was accepted."""
+    import trl_marl
+
+    with pytest.raises(ValueError, match=message):
+        make_args(getattr(trl_marl, config), **overrides)
+
+
+def test_counts_at_their_limits_are_accepted(make_args):
+    args = make_args(max_steps=-1, num_train_epochs=0.5, num_completions_to_print=0, gradient_accumulation_steps=1)
+    assert args.num_train_epochs == 0.5 and args.num_completions_to_print == 0
+    assert make_args(max_steps=3, num_train_epochs=0).max_steps == 3  # max_steps wins: the epochs are not read
+    assert make_args(weight_decay=-0.1).weight_decay == -0.1  # TrainingArguments and TRL's configs accept it too
+
+
 def test_eval_dataset_without_the_formatters_column_fails_at_construction(make_args, items, tiny_path):
     from datasets import Dataset
 

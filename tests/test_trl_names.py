@@ -149,6 +149,69 @@ def test_reward_funcs_list_with_reward_weights(tmp_path, tiny_path):
     assert t.reward.last_components["test_reward_funcs_list_with_reward_weights.<locals>.n_chars"].tolist() == [3, 3]
 
 
+@pytest.mark.parametrize("trainer", ["MAGRPOTrainer", "MAPPOTrainer", "MADPOTrainer", "MARLHFTrainer"])
+@pytest.mark.parametrize(
+    "reward_funcs, weights, message",
+    [
+        ("one", [1.0, 2.0], r"reward_weights has 2 entries for 1 reward function \(reward_funcs is one function\)"),
+        ("one", [], r"reward_weights has 0 entries for 1 reward function"),
+        ("two", [1.0], r"reward_weights has 1 entries for 2 reward functions"),
+        ("two", [1.0, 2.0, 3.0], r"reward_weights has 3 entries for 2 reward functions"),
+    ],
+)
+def test_reward_weights_of_another_length_than_reward_funcs_fail_at_construction(
+    make_args, trainer, reward_funcs, weights, message
+):
+    """As TRL's GRPOTrainer: one weight per reward function, checked when the trainer is built (before any model
+    loads: the model path does not exist). On the old code a single function took any weights and trained on it
+    unweighted."""
+    import trl_marl
+
+    config = getattr(trl_marl, trainer.replace("Trainer", "Config"))
+    extra = {"critic_model": "/nonexistent/critic"} if trainer == "MAPPOTrainer" else {}
+    funcs = count_a if reward_funcs == "one" else [count_a, count_a]
+    with pytest.raises(ValueError, match=message):
+        getattr(trl_marl, trainer)(
+            model="/nonexistent/model/path",
+            reward_funcs=funcs,
+            args=make_args(config, reward_weights=weights),
+            train_dataset=ITEMS,
+            **extra,
+        )
+
+
+def test_one_reward_function_takes_its_one_weight(tmp_path, tiny_path):
+    """TRL weighs a single reward function too; the old code dropped its weight."""
+    t = MAGRPOTrainer(
+        model=tiny_path, reward_funcs=count_a, args=cfg(tmp_path, reward_weights=[2.0]), train_dataset=ITEMS
+    )
+    assert t.reward.raw([["aa", "b"], ["a", "cc"]]).tolist() == [6.0, 0.0]
+
+
+def test_reward_weights_without_reward_funcs_fail_at_construction(make_args):
+    """A preference trainer given pairs needs no reward_funcs; reward_weights then weigh nothing."""
+    from trl_marl import MADPOTrainer
+
+    pairs = Dataset.from_list(
+        [
+            {"prompt_1": "p", "chosen_1": "a", "rejected_1": "b", "prompt_2": "q", "chosen_2": "c", "rejected_2": "d"}
+            for _ in range(2)
+        ]
+    )
+    with pytest.raises(ValueError, match=r"reward_weights has 1 entries but no reward_funcs is given"):
+        MADPOTrainer(
+            model="/nonexistent/model/path", args=make_args(MADPOConfig, reward_weights=[1.0]), train_dataset=pairs
+        )
+
+
+def test_model_init_kwargs_that_are_not_a_json_object_name_the_field(tmp_path):
+    """On the old code: a bare JSONDecodeError naming no field; a JSON list failed when the agents loaded."""
+    with pytest.raises(ValueError, match=r"model_init_kwargs='\{dtype: float64\}' is not valid JSON \(.*\); write"):
+        cfg(tmp_path, model_init_kwargs="{dtype: float64}")
+    with pytest.raises(ValueError, match=r"model_init_kwargs must be a dict .*, got \[1\]"):
+        cfg(tmp_path, model_init_kwargs="[1]")
+
+
 def test_model_init_kwargs_reach_from_pretrained(tmp_path, tiny_path):
     t = MAGRPOTrainer(
         model=tiny_path,

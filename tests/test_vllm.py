@@ -220,6 +220,8 @@ def _args(config_cls, tmp_path, **kw):
         disable_tqdm=True,
         seed=0,
     )
+    if issubclass(config_cls, MADPOConfig):  # it samples preference_num_candidates and refuses num_generations
+        del base["num_generations"]
     return config_cls(**{**base, **VLLM_SETTINGS, **kw})
 
 

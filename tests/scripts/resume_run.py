@@ -86,8 +86,9 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = 
         cfg = tm.MAPPOConfig(**common, **rl, ppo_epochs=1, value_normalization=True)
         return tm.MAPPOTrainer(critic_model=tiny, args=cfg, **kw)
     pref = dict(rollout_buffer_size=4, preference_num_candidates=2, train_batch_size=2)
+    madpo = {k: v for k, v in common.items() if k != "num_generations"}  # MADPO refuses it (preference_num_candidates)
     if family == "madpo":
-        return tm.MADPOTrainer(args=tm.MADPOConfig(**common, **pref, max_steps=6), **kw)
+        return tm.MADPOTrainer(args=tm.MADPOConfig(**madpo, **pref, max_steps=6), **kw)
     if family == "marlhf":
         cfg = tm.MARLHFConfig(**common, **pref, max_steps=6, reward_num_train_epochs=1)
         cfg.rollout_buffer_size, cfg.train_batch_size = 4, 2
@@ -96,7 +97,7 @@ def build(family: str, output_dir: str, tiny: str, callbacks=None, save: bool = 
         cfg = tm.MARLHFConfig(**common, **pref, max_steps=6, reward_num_train_epochs=1, rl_algorithm="maac")
         return tm.MARLHFTrainer(args=cfg, critic_model=tiny, **kw)
     if family == "madpoiter":
-        return tm.MADPOIterTrainer(args=tm.MADPOIterConfig(**common, **pref, num_rounds=num_rounds), **kw)
+        return tm.MADPOIterTrainer(args=tm.MADPOIterConfig(**madpo, **pref, num_rounds=num_rounds), **kw)
     if family == "marlhfiter":
         cfg = tm.MARLHFIterConfig(**common, **pref, num_rounds=num_rounds, reward_num_train_epochs=1)
         return tm.MARLHFIterTrainer(args=cfg, **kw)

@@ -24,6 +24,7 @@ merged weights for PEFT, where a shared-base team needs LoRA requests.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import importlib.util
 import logging
@@ -59,6 +60,7 @@ __all__ = [
     "iter_vllm_weights",
     "refresh_tied_lm_head",
     "validate_vllm_args",
+    "vllm_sampling_fields",
 ]
 
 # TRL's `vllm_mode` values.
@@ -115,6 +117,25 @@ def check_vllm_available() -> str:
             f"installed: {INSTALL_HINT}"
         )
     return version
+
+
+@functools.cache
+def vllm_sampling_fields() -> frozenset[str] | None:
+    """The keyword arguments the installed vLLM's `SamplingParams` takes (what `generation_kwargs` may set with
+    `use_vllm`), or None when no supported vLLM is installed (vLLM is imported only when it is)."""
+    try:
+        check_vllm_available()
+    except ImportError:
+        return None
+    import inspect
+
+    from vllm import SamplingParams
+
+    names = getattr(SamplingParams, "__struct_fields__", None)  # a msgspec Struct
+    if names is None:
+        keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = [n for n, p in inspect.signature(SamplingParams).parameters.items() if p.kind in keyword]
+    return frozenset(n for n in names if not n.startswith("_"))
 
 
 def validate_vllm_args(args: Any) -> None:

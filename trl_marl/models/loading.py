@@ -81,11 +81,22 @@ TOKENIZER_FILES = (
 )
 
 
-def check_model_source(src: str) -> None:
+def check_model_source(src: str, field: str | None = None) -> None:
     """A model id that can only be a local folder (absolute, `./`, `../`, `~`, or more than one `/`) must exist, and
     an existing folder must be a model: transformers would otherwise report "Repo id must be in the form ...", load an
     adapter folder's base with frozen weights ("optimizer got an empty parameter list"), or fail on missing weights.
-    Each case is a `FileNotFoundError` / `ValueError` naming the folder and the fix."""
+    Each case is a `FileNotFoundError` / `ValueError` naming the folder and the fix (and `field`, the setting or
+    argument that gave the id, when given: `"reward_model_path: model folder not found: ..."`). A Hub id is left to
+    `from_pretrained`."""
+    try:
+        _check_model_source(src)
+    except (FileNotFoundError, ValueError) as err:
+        if field is None or type(err) not in (FileNotFoundError, ValueError):  # a subclass keeps its own form
+            raise
+        raise type(err)(f"{field}: {err}") from None
+
+
+def _check_model_source(src: str) -> None:
     path = os.path.expanduser(src)
     if os.path.isdir(path):
         _check_model_folder(src, path)

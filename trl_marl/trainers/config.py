@@ -22,7 +22,7 @@ from trl.trainer.base_config import _BaseConfig  # noqa: E402
 from trl_marl.environments.episode import TURN_ORDERS  # noqa: E402
 from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
-from trl_marl.trainers.config_checks import check_field_values  # noqa: E402
+from trl_marl.trainers.config_checks import check_field_values, parse_json_field  # noqa: E402
 from trl_marl.trainers.per_agent import SAMPLING_FIELDS, agent_value, check_per_agent  # noqa: E402
 from trl_marl.trainers.trl_settings import check_config_kwargs  # noqa: E402
 from trl_marl.utils.deprecation import warn_deprecated  # noqa: E402
@@ -156,8 +156,9 @@ class MultiAgentConfig(_BaseConfig):
             (activation checkpointing). `None` sizes the chunks from a memory budget of four times one agent's
             weights (at least 64 MiB): a batch within it is one forward, as without chunks
             (`trl_marl.models.scoring`). Refused under ZeRO-3 / FSDP2, which score each agent in one forward.
-        reward_weights: with a list of `reward_funcs`: one weight per function (default 1 each), as in TRL's
-            `GRPOConfig.reward_weights`; the team reward is the weighted sum.
+        reward_weights: one weight per reward function (default 1 each), as in TRL's `GRPOConfig.reward_weights`;
+            the team reward is the weighted sum. Another count than `reward_funcs` has is refused when the trainer
+            is built.
         model_init_kwargs: keyword arguments for `from_pretrained` when the agents are given as ids (TRL's field),
             e.g. `{"dtype": "bfloat16", "attn_implementation": "sdpa"}`; joins the trainer's `model_config`.
         log_completions: print a table of a training rollout's joint actions (prompts, each agent's completion,
@@ -381,9 +382,14 @@ class MultiAgentConfig(_BaseConfig):
             require_extra("deepspeed")  # before transformers' own check, to name the extra
         self._resolve_deprecated_aliases()
         if isinstance(self.model_init_kwargs, str):  # from the command line, as in TRL
-            import json
-
-            self.model_init_kwargs = json.loads(self.model_init_kwargs)
+            self.model_init_kwargs = parse_json_field(
+                "model_init_kwargs", self.model_init_kwargs, 'a JSON object such as \'{"dtype": "bfloat16"}\''
+            )
+        if self.model_init_kwargs is not None and not isinstance(self.model_init_kwargs, dict):
+            raise ValueError(
+                "model_init_kwargs must be a dict of from_pretrained keyword arguments (or a JSON object), got "
+                f"{self.model_init_kwargs!r}"
+            )
         if not _accelerator_available():
             if self.bf16 is None and not self.use_cpu:
                 self.bf16 = False
@@ -438,6 +444,16 @@ class MultiAgentConfig(_BaseConfig):
             self.max_steps == -1 or self.max_steps >= 1,
             f"max_steps must be >= 1, or -1 to train num_train_epochs epochs; got {self.max_steps}",
         )
+        # TrainingArguments accepts these, then trains 0 steps and reports success / divides by zero in train()
+        need(
+            self.max_steps != -1 or self.num_train_epochs > 0,
+            f"num_train_epochs must be > 0 when max_steps=-1 (training runs num_train_epochs epochs; 0 or less trains "
+            f"0 steps), got {self.num_train_epochs}; or set max_steps >= 1",
+        )
+        gas = self.gradient_accumulation_steps
+        need(gas >= 1, f"gradient_accumulation_steps must be >= 1 (1: no accumulation), got {gas}")
+        nctp = self.num_completions_to_print
+        need(nctp is None or nctp >= 0, f"num_completions_to_print must be None (every row) or >= 0, got {nctp}")
         need(self.learning_rate >= 0, f"learning_rate must be >= 0, got {self.learning_rate}")
         alr = self.agent_learning_rate
         if isinstance(alr, (list, tuple)):

@@ -12,20 +12,22 @@
   reach the loss as NaN weights or as a zero gradient, never as an error. `INFINITE_ALLOWED` lists the fields where
   `inf` is a meaningful setting.
 
-Each config's ranges (`temperature` in [0.01, 100], `beta > 0`, ...) are its own `_validate_multi_agent`'s.
+Each config's ranges (`temperature` in [0.01, 100], `beta > 0`, ...) are its own `_validate_multi_agent`'s;
+`check_device` is theirs for a field naming one device (MARLHF's `reward_model_device`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import numbers
 import types
 import typing
 from typing import Any
 
-__all__ = ["INFINITE_ALLOWED", "check_field_values"]
+__all__ = ["INFINITE_ALLOWED", "check_device", "check_field_values", "parse_json_field"]
 
 # Fields where `inf` means something: no clipping threshold that is ever reached / no early termination.
 INFINITE_ALLOWED = frozenset({"max_grad_norm", "early_termination_threshold"})
@@ -127,3 +129,60 @@ def check_field_values(config: Any, per_agent: frozenset[str] | set[str] = froze
                     f"{label}={v} is not a finite number: inf and nan are refused (they train on NaN weights or a "
                     "zero gradient without an error)"
                 )
+
+
+def _device_backend(kind: str) -> Any:
+    """torch's module of an accelerator type (`torch.cuda`, `torch.xpu`, `torch.mps`, ...): None when torch has none."""
+    import torch
+
+    backend = getattr(torch, kind, None)
+    return backend if hasattr(backend, "is_available") else None
+
+
+def _devices_here() -> list[str]:
+    """The devices of this machine, as a device field names them."""
+    here = ["cpu"]
+    for kind in ("cuda", "xpu", "mps"):
+        backend = _device_backend(kind)
+        if backend is not None and backend.is_available():
+            count = backend.device_count() if hasattr(backend, "device_count") else 1
+            here += [kind] if kind == "mps" else [f"{kind}:{i}" for i in range(count)]
+    return here
+
+
+def check_device(name: str, value: Any, unset: str = "the trainer's device") -> None:
+    """Refuse a device that this machine does not have (a ValueError naming the field, the value, why, and the
+    devices it has): an unknown device type (`"gpu"`), an accelerator torch does not see (`"cuda:0"` on a CPU-only
+    machine), or an index past its device count (`"cuda:3"` with 2 GPUs). Otherwise the value is only used after
+    the costly phases before it (MARLHF: pair collection and the reward model's fit). None is always accepted."""
+    if value is None:
+        return
+    import torch
+
+    instead = f"use None ({unset}) or one of {_devices_here()}"
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ValueError(f"{name}={value!r} is not a device ({err}); {instead}") from None
+    if device.type == "cpu":
+        return
+    backend = _device_backend(device.type)
+    if backend is None:
+        raise ValueError(f"{name}={value!r}: torch has no {device.type!r} devices to place a model on here; {instead}")
+    if not backend.is_available():
+        raise ValueError(
+            f"{name}={value!r}: this machine has no {device.type} device (torch.{device.type}.is_available() is "
+            f"False); {instead}"
+        )
+    count = backend.device_count() if hasattr(backend, "device_count") else None
+    if device.index is not None and count is not None and device.index >= count:
+        raise ValueError(f"{name}={value!r}: this machine has {count} {device.type} device(s); {instead}")
+
+
+def parse_json_field(name: str, text: str, expected: str) -> Any:
+    """A dict field given as a JSON string (the command line's form, as in TRL): its value, or a ValueError naming
+    the field, the parser's complaint and what to write (`expected`), instead of a bare JSONDecodeError."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{name}={text!r} is not valid JSON ({err}); write {expected}") from None

@@ -23,6 +23,7 @@ __all__ = [
     "TRL_POSITIONAL",
     "DEPRECATED_KWARGS",
     "resolve_deprecated_kwargs",
+    "check_reward_weights",
     "combine_reward_funcs",
     "merge_model_init_kwargs",
 ]
@@ -66,14 +67,46 @@ def resolve_deprecated_kwargs(
     return current["model"], current["reward_funcs"], current["processing_class"]
 
 
+def check_reward_weights(
+    reward_funcs: Callable | Sequence[Callable] | None, reward_weights: Sequence[float] | None
+) -> None:
+    """One weight per reward function, as TRL's `GRPOTrainer` requires when it is built (a ValueError naming both
+    counts): a single function counts as one, no `reward_funcs` as none."""
+    if reward_weights is None:
+        return
+    w = len(reward_weights)
+    if reward_funcs is None:
+        raise ValueError(
+            f"reward_weights has {w} entries but no reward_funcs is given: the weights weigh the reward functions "
+            "(one per function); leave reward_weights unset"
+        )
+    if not isinstance(reward_funcs, (list, tuple)):
+        if w != 1:
+            raise ValueError(
+                f"reward_weights has {w} entries for 1 reward function (reward_funcs is one function): give one "
+                "weight per function, as TRL's GRPOTrainer requires, or leave reward_weights unset"
+            )
+        return
+    if w != len(reward_funcs):
+        raise ValueError(
+            f"reward_weights has {w} entries for {len(reward_funcs)} reward functions: give one weight per function, "
+            "as TRL's GRPOTrainer requires, or leave reward_weights unset (1 each)"
+        )
+
+
 def combine_reward_funcs(
     reward_funcs: Callable | Sequence[Callable] | None, reward_weights: Sequence[float] | None
 ) -> Callable | None:
     """One team reward from TRL's `reward_funcs`: a list is summed with `reward_weights` (`weighted_sum`, each
-    function's mean logged as `rewards/<name>/mean`); a one-element list without weights is its function."""
-    if not isinstance(reward_funcs, (list, tuple)):
-        return reward_funcs
+    function's mean logged as `rewards/<name>/mean`); a one-element list without weights is its function, and one
+    function with one weight other than 1 is that weighted sum. `check_reward_weights` first."""
+    check_reward_weights(reward_funcs, reward_weights)
     from trl_marl.rewards import weighted_sum
+
+    if not isinstance(reward_funcs, (list, tuple)):
+        if reward_weights is None or list(reward_weights) == [1.0] or not callable(reward_funcs):
+            return reward_funcs
+        return weighted_sum([reward_funcs], reward_weights)  # its one weight applies, as in TRL
 
     if len(reward_funcs) == 1 and reward_weights is None:
         return reward_funcs[0]

@@ -8,7 +8,6 @@ tokens (`trl_marl.trainers.grpo_step`).
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from dataclasses import dataclass, field, fields
@@ -20,7 +19,9 @@ from trl_marl.algorithms.grpo import (
     GRPOLossSettings,
 )
 from trl_marl.algorithms.grpo_advantages import MULTI_OBJECTIVE_AGGREGATIONS, SCALE_REWARDS
+from trl_marl.generation.engine import check_generation_kwargs
 from trl_marl.trainers.config import MultiAgentConfig
+from trl_marl.trainers.config_checks import parse_json_field
 from trl_marl.trainers.per_agent import agent_value, agent_values, check_per_agent
 from trl_marl.utils.deprecation import warn_deprecated
 
@@ -106,7 +107,10 @@ class MAGRPOConfig(MultiAgentConfig):
         repetition_penalty: per agent. transformers' / vLLM's repetition penalty (1.0: off).
         generation_kwargs: per agent (a dict, or a list of dicts). More keyword arguments of `GenerationConfig`
             (or vLLM's `SamplingParams` with `use_vllm`); they override the fields above. A JSON string from the
-            command line.
+            command line. Refused when the config is built: a key the backend in use does not take (with
+            `use_vllm="auto"`, a key of one backend only is a warning), `num_return_sequences` / `n` (that is
+            `num_generations`), and `do_sample=False` with `num_generations > 1`
+            (`trl_marl.generation.engine.check_generation_kwargs`).
         multi_objective_aggregation: with a list of `reward_funcs`: `"sum_then_normalize"` (default: the weighted
             sum is the team reward) or `"normalize_then_sum"` (GDPO: each function's rewards are normalised in their
             group, summed with `reward_weights`, and the sum normalised over the agent's batch; needs
@@ -224,7 +228,11 @@ class MAGRPOConfig(MultiAgentConfig):
 
     def __post_init__(self):
         if isinstance(self.generation_kwargs, str):  # from the command line, as in TRL
-            self.generation_kwargs = json.loads(self.generation_kwargs)
+            self.generation_kwargs = parse_json_field(
+                "generation_kwargs",
+                self.generation_kwargs,
+                "a JSON object such as '{\"no_repeat_ngram_size\": 2}', or a list of them (one per agent)",
+            )
         self.scale_rewards = _trl_scale_rewards(self.scale_rewards)
         self._resolve_advantage_normalization()
         self._resolve_generation_batch()
@@ -319,6 +327,13 @@ class MAGRPOConfig(MultiAgentConfig):
             need(mp is None or 0.0 <= mp <= 1.0, f"min_p must be None or in [0, 1], got {mp!r}")
             need(rp > 0, f"repetition_penalty must be > 0, got {rp!r}")
             need(kw is None or isinstance(kw, dict), f"generation_kwargs must be a dict or None, got {kw!r}")
+        # each agent's keys against the backend in use (one dict for the team, or a list with one per agent)
+        kwargs = self.generation_kwargs
+        entries = list(enumerate(kwargs)) if isinstance(kwargs, (list, tuple)) else [(None, kwargs)]
+        for i, kw in entries:
+            if kw:
+                label = "generation_kwargs" if i is None else f"generation_kwargs[{i}]"
+                check_generation_kwargs(kw, label, self.use_vllm, self.num_generations)
         self._validate_loss()
         self._validate_reference()
         self._validate_vllm_correction()

@@ -39,6 +39,7 @@ from trl_marl.data_types.batches import AgentBatch, CriticBatch, collate_critic_
 from trl_marl.data_types.critic import CriticData, Transitions, ValueStream, build_transitions
 from trl_marl.data_types.rollout import Rollout
 from trl_marl.data_types.text import valid_text
+from trl_marl.models.loading import check_model_source
 from trl_marl.models.value_head import (
     VALUE_HEAD_WEIGHTS,
     ActorCriticTeam,
@@ -93,6 +94,10 @@ class ActorCriticStep(RLStep):
         self.critic_sources = self._resolve_critic_sources(
             args, critic_model, None if critics is None else list(critics)
         )
+        # the argument each source came from, for the messages of `build_team`'s checks
+        self.critic_arguments = [
+            "critic_model" if critics is None else f"critics[{k}]" for k in range(len(self.critic_sources or []))
+        ]
         self.critic_loading: dict = {}  # the critics' from_pretrained keywords (`loading_config`)
         self.streams: list[ValueStream] = []
         self.critic_names: list[str] = []
@@ -183,6 +188,8 @@ class ActorCriticStep(RLStep):
             if src is AGENT_COPY:
                 agent_src = self.trainer._agent_sources[s]
                 src = str(agent_src) if isinstance(agent_src, (str, os.PathLike)) else copy.deepcopy(models[s])
+            elif isinstance(src, (str, os.PathLike)):  # a missing local folder: the agents' error, naming the argument
+                check_model_source(str(src), self.critic_arguments[s])
             resolved.append(src)
         modules, index, cnames = load_critics(resolved, args.critic_value_head_hidden_dim, self.critic_loading)
         self.critic_names = [cnames[index.index(k)] for k in range(len(modules))]

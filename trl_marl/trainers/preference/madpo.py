@@ -20,6 +20,7 @@ given (a preference dataset in TRL's format with one set of columns per agent, `
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from trl_marl.trainers.base import MultiAgentTrainer
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.data import identity_collate
 from trl_marl.trainers.evaluation import final_evaluation
+from trl_marl.trainers.names import check_reward_weights
 from trl_marl.trainers.preference.data_parallel import (
     EpochDataLoader,
     GlobalBatchSampler,
@@ -155,7 +157,8 @@ class MADPOConfig(PreferenceConfig):
             Without it and without `ref_model` the loss is reference-free.
 
     `reference_kl_enabled` / `reference_devices` (the RL trainers' reward penalty) are refused: MADPO's reference is
-    the DPO reference (`ref_model`, `precompute_ref_log_probs`).
+    the DPO reference (`ref_model`, `precompute_ref_log_probs`). So is `num_generations` other than its default:
+    the candidates per task item are `preference_num_candidates`.
     """
 
     beta: float = field(default=0.1, metadata={"help": "Scale eta of the joint margin (TRL's DPO beta)."})
@@ -213,6 +216,14 @@ class MADPOConfig(PreferenceConfig):
                 f"reference_devices places the reference-KL copies, which {type(self).__name__} does not build; "
                 "a DPO reference model (ref_model=) is placed beside its agent"
             )
+        # MADPO samples preference_num_candidates joint responses per item (and evaluates one): G is read by nothing
+        default_g = next(f.default for f in dataclasses.fields(self) if f.name == "num_generations")
+        if self.num_generations != default_g:
+            raise ValueError(
+                f"num_generations={self.num_generations} does nothing for {type(self).__name__}: MADPO samples "
+                "preference_num_candidates joint responses per task item to build its pairs (set "
+                f"preference_num_candidates={self.num_generations} for that many); leave num_generations unset"
+            )
 
 
 assert set(PreferenceConfig._allowed_pair_selections) <= set(PAIR_SELECTIONS)
@@ -262,6 +273,7 @@ class PreferenceCollectionMixin:
         Returns what the base trainer gets (`train_dataset`, `eval_dataset`, `reward_funcs`); the formatters the
         task items need are set in `kwargs` (the base trainer's keyword arguments)."""
         given = reward_funcs if reward_funcs is not None else kwargs.get("reward_func")  # the deprecated alias too
+        check_reward_weights(given, args.reward_weights)  # before a missing reward becomes `no_task_reward`
         inputs = resolve_inputs(
             type(self).__name__,
             args.num_agents,

@@ -32,10 +32,12 @@ from typing import Any
 
 import torch
 
+from trl_marl.models.loading import check_model_source
 from trl_marl.rewards import RewardFunction
 from trl_marl.trainers.actor_critic.config import check_actor_critic_fields, check_iac_fields, check_maac_fields
 from trl_marl.trainers.actor_critic.step import ActorCriticStep
 from trl_marl.trainers.checkpoints import stop_if_preempted
+from trl_marl.trainers.config_checks import check_device
 from trl_marl.trainers.group_baseline import GroupBaselineStep
 from trl_marl.trainers.preference.madpo import PreferenceCollectionMixin, PreferenceConfig
 from trl_marl.trainers.preference.pairs import PreferencePair
@@ -83,7 +85,8 @@ class MARLHFConfig(PreferenceConfig):
         advantage_normalization: z-score advantages inside each group; `None` means on for `magrpo`, `maac` and
             `iac`, off for the others (with it on they would all equal MAGRPO).
         reward_model_path: a sequence-classification reward model (num_labels=1) trained elsewhere, e.g. with
-            `trl reward` on `to_dataset(pairs)`: loaded and used as is (no pair collection, no fitting).
+            `trl reward` on `to_dataset(pairs)`: loaded and used as is (no pair collection, no fitting). A local
+            folder that does not exist is refused when the trainer is built, as `reward_model_name`'s.
             `MARLHFTrainer` only (the iterative trainers refit per round).
         reward_model_name: model id / path of the reward model's backbone; `None` uses the first agent's id
             (required when the agents are model objects without an id).
@@ -92,10 +95,11 @@ class MARLHFConfig(PreferenceConfig):
         reward_train_batch_size: pairs per reward-model step and process.
         reward_gradient_accumulation_steps: gradient accumulation of the reward model's fit.
         reward_center_rewards_coefficient: TRL's `center_rewards_coefficient` (`None`: off).
-        reward_max_length: truncate joint transcripts to this many tokens (keeping the end); `None` keeps them.
+        reward_max_length: truncate joint transcripts to this many tokens (keeping the end), >= 1; `None` keeps them.
         reward_freeze_backbone: train only the scalar head.
         reward_model_device: device of the reward model; `None` is the trainer's device (works on CPU-only
-            machines, unlike the reference library's `"cuda:0"` default).
+            machines, unlike the reference library's `"cuda:0"` default). A device this machine does not have is
+            refused when the config is built.
         critic_type: `maac` / `iac` backends: `"v"` or `"q"` critics (see `MAACConfig`).
         critic_learning_rate: `maac` / `iac`: learning rate of separate critics (`None`: the agents').
         value_loss_coef: `maac` / `iac`: weight of the critic loss.
@@ -188,6 +192,10 @@ class MARLHFConfig(PreferenceConfig):
             raise ValueError(
                 f"reward_gradient_accumulation_steps must be >= 1, got {self.reward_gradient_accumulation_steps}"
             )
+        check_device("reward_model_device", self.reward_model_device)
+        if self.reward_max_length is not None and self.reward_max_length < 1:
+            # the transcript keeps its last reward_max_length tokens: 0 would keep them all, -3 drop the first 3
+            raise ValueError(f"reward_max_length must be None (no truncation) or >= 1, got {self.reward_max_length}")
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for name, backends in BACKEND_FIELDS.items():
             if self.rl_algorithm not in backends and getattr(self, name) != defaults[name]:
@@ -262,6 +270,9 @@ class MARLHFTrainer(PreferenceCollectionMixin, RLStepTrainer):
             raise TypeError(
                 f"comparator= and replay_mode= are arguments of MARLHFIterTrainer, not {type(self).__name__}"
             )
+        for name in ("reward_model_name", "reward_model_path"):  # a missing folder fails here, not after the pairs
+            if getattr(args, name) is not None:
+                check_model_source(str(getattr(args, name)), name)
         if reward_model is None and args.reward_model_path is not None:
             reward_model = JointRewardModel.load(args.reward_model_path, max_length=args.reward_max_length)
         self.reward_model = reward_model
