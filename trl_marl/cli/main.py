@@ -148,11 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown command {command!r}; choose from {', '.join([*RECIPES, *TOOLS])}")
     rest, accelerate_config = _split_accelerate_config(rest)
 
+    from trl_marl.cli.launch import available_configs
     from trl_marl.cli.recipes import make_parser
 
     # Handles --help (exits). What the recipe's parser does not know goes to `accelerate launch`, if accelerate
     # knows it: anything else is a one-line error here, not accelerate's whole usage.
-    recipe_parser = make_parser(command)
+    accelerate_help = (
+        "--accelerate_config NAME|PATH: run under `accelerate launch` with a config shipped in the package ("
+        + ", ".join(available_configs())
+        + ") or a config file; other `accelerate launch` flags are passed on."
+    )
+    recipe_parser = make_parser(command, more_help=accelerate_help)
     *_, config_remaining, cli_remaining = recipe_parser.parse_args_and_config(
         rest, return_remaining_strings=True, separate_remaining_strings=True
     )

@@ -170,24 +170,18 @@ RECIPES: dict[str, Recipe] = {
 }  # fmt: skip
 
 
-def make_parser(name: str, prog: str | None = None):
+def make_parser(name: str, prog: str | None = None, more_help: str = ""):
     """TRL's `TrlParser` over the recipe's script arguments and config (the `--help` of `trl-marl <name>`), with the
-    defaults `run_command` applies (`outputs/<name>`, the recipe's own), so that `--help` shows them, and the two flags
-    argparse does not list: `--config` (TrlParser's) and `--accelerate_config` (`trl_marl.cli.main`'s)."""
+    defaults `run_command` applies (`outputs/<name>`, the recipe's own), so that `--help` shows them, and `--config`
+    (TrlParser's flag, which argparse does not list); `more_help` ends the description (`trl_marl.cli.main` adds its
+    own `--accelerate_config`)."""
     from trl import TrlParser
 
-    from trl_marl.cli.launch import available_configs
-
     recipe = RECIPES[name]
-    accelerate = (
-        "--accelerate_config NAME|PATH: run under `accelerate launch` with a config shipped in the package ("
-        + ", ".join(available_configs())
-        + ") or a config file; other `accelerate launch` flags are passed on."
-    )
     parser = TrlParser(
         (recipe.script_args, recipe.config_class()),
         prog=prog or f"trl-marl {name}",
-        description=f"trl-marl {name}: {recipe.help}.\n\n{CONFIG_HELP}\n{accelerate}",
+        description=f"trl-marl {name}: {recipe.help}.\n\n{CONFIG_HELP}" + (f"\n{more_help}" if more_help else ""),
         formatter_class=HelpFormatter,
         allow_abbrev=False,  # `--num_agent 3` must not be taken as `--num_agents 3` (a prefix is an unknown flag)
     )

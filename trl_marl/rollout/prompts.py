@@ -110,7 +110,9 @@ class PromptRenderer:
             raise PromptError(f"agent {i + 1}'s prompt cannot be rendered: {type(exc).__name__}: {exc}") from exc
         if not text:
             raise PromptError(f"agent {i + 1}'s chat template renders its prompt {_short(formatted)} as no text")
-        if not tokenizer(str(text), add_special_tokens=not text.chat)["input_ids"]:
+        # only a blank text can tokenize to nothing (tokenizers keep or replace other characters): the rest skips
+        # a second tokenization (generation tokenizes every prompt anyway)
+        if not str(text).strip() and not tokenizer(str(text), add_special_tokens=not text.chat)["input_ids"]:
             raise PromptError(
                 f"agent {i + 1}'s prompt {_short(str(text))} has no tokens (its tokenizer keeps none of its "
                 "characters), and generation needs at least one"

@@ -19,7 +19,7 @@ from trl_marl.algorithms.grpo import (
     GRPOLossSettings,
 )
 from trl_marl.algorithms.grpo_advantages import MULTI_OBJECTIVE_AGGREGATIONS, SCALE_REWARDS
-from trl_marl.generation.engine import check_generation_kwargs
+from trl_marl.generation.kwargs_checks import check_generation_kwargs
 from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.config_checks import parse_json_field
 from trl_marl.trainers.per_agent import agent_value, agent_values, check_per_agent
@@ -110,7 +110,7 @@ class MAGRPOConfig(MultiAgentConfig):
             command line. Refused when the config is built: a key the backend in use does not take (with
             `use_vllm="auto"`, a key of one backend only is a warning), `num_return_sequences` / `n` (that is
             `num_generations`), and `do_sample=False` with `num_generations > 1`
-            (`trl_marl.generation.engine.check_generation_kwargs`).
+            (`trl_marl.generation.kwargs_checks.check_generation_kwargs`).
         multi_objective_aggregation: with a list of `reward_funcs`: `"sum_then_normalize"` (default: the weighted
             sum is the team reward) or `"normalize_then_sum"` (GDPO: each function's rewards are normalised in their
             group, summed with `reward_weights`, and the sum normalised over the agent's batch; needs
