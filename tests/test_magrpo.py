@@ -123,9 +123,23 @@ def test_a_trace_record_that_cannot_be_written_leaves_the_file_as_it_was(tmp_pat
     path = tmp_path / "trace_rank0.jsonl"
     append_trace(path, [{"completions": ["é \ud800"]}], 0, 1)
     before = path.read_bytes()
-    with pytest.raises(TypeError):  # an item that is not JSON: nothing of its step is written
-        append_trace(path, [{"completions": ["fine"]}, {"item": object()}], 1, 2)
+    with pytest.raises(TypeError, match="keys must be"):  # a record that is not JSON: nothing of its step is written
+        append_trace(path, [{"completions": ["fine"]}, {"item": {("a", "b"): 1}}], 1, 2)
     assert path.read_bytes() == before and json.loads(before)["completions"] == ["é \ufffd"]
+
+
+def test_trace_values_json_has_no_type_for_are_written_as_text(tmp_path):
+    """A record value JSON has no type for (a date, an array, bytes) made the trace's write raise (TypeError: Object
+    of type date is not JSON serializable); a date is written in ISO 8601, an array as a list, bytes as text."""
+    import datetime
+
+    import numpy as np
+
+    from trl_marl.trainers.metrics import append_trace
+
+    path = tmp_path / "trace_rank0.jsonl"
+    append_trace(path, [{"info": {"when": datetime.date(2026, 1, 2), "ids": np.arange(3), "raw": b"x"}}], 0, 1)
+    assert json.loads(path.read_text())["info"] == {"when": "2026-01-02", "ids": [0, 1, 2], "raw": "b'x'"}
 
 
 def test_an_environment_text_with_invalid_unicode_is_generated_from_and_traced(make_args, items, tiny_path, tmp_path):
