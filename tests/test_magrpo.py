@@ -323,3 +323,29 @@ def test_remax_greedy_baseline(make_args, items, tiny_path):
         torch.testing.assert_close(inputs["advantages"][i][node.id], want)
     with pytest.raises(ValueError, match="remax_baseline='greedy' needs num_turns=1"):
         make_args(MAReMaxConfig, remax_baseline="greedy", num_turns=2)
+
+
+def test_prompts_past_the_models_context_are_warned_once_per_agent_naming_max_prompt_length(
+    make_args, tmp_path, caplog
+):
+    """A prompt longer than the model's context (here 48 positions) trained with transformers' reminder only (a model
+    with learned positions fails inside its forward there). Now each agent is warned once, with the cure
+    (`max_prompt_length`); with it set, nothing is said."""
+    import logging
+
+    from datasets import Dataset
+
+    from trl_marl.testing import tiny_model_path
+
+    path = tiny_model_path(max_position_embeddings=48)
+    items = Dataset.from_list([{"prompt": "a long prompt about topic " * 3 + str(i)} for i in range(8)])
+    caplog.set_level(logging.WARNING, logger="trl_marl.generation.hf")
+    t = MAGRPOTrainer(model=path, reward_funcs=length_reward, args=make_args(max_steps=2), train_dataset=items)
+    t.train()
+    warned = [r.getMessage() for r in caplog.records if "max_position_embeddings=48" in r.getMessage()]
+    assert [m.split(":")[0] for m in warned] == ["agent 1", "agent 2"]
+    assert "plus max_completion_length=6" in warned[0] and "set max_prompt_length" in warned[0]
+    caplog.clear()
+    args = make_args(max_steps=1, max_prompt_length=40, output_dir=str(tmp_path / "cut"))
+    MAGRPOTrainer(model=path, reward_funcs=length_reward, args=args, train_dataset=items).train()
+    assert "max_position_embeddings" not in caplog.text

@@ -10,6 +10,7 @@ process with no prompts decodes a discarded placeholder row, greedily, so it dra
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -32,6 +33,19 @@ from trl_marl.models.loading import eos_token_ids
 from trl_marl.models.scoring import cache_argument, is_dynamic_cache
 
 __all__ = ["HFGeneration"]
+
+logger = logging.getLogger(__name__)
+
+
+def past_the_context(model: nn.Module, prompt_tokens: int, max_new_tokens: int) -> int | None:
+    """`max_position_embeddings` of `model` when `prompt_tokens + max_new_tokens` go past it, else None (also for a
+    model that states no limit). Past it a model with learned positions fails inside its forward, and one with
+    rotary positions samples from positions it never saw."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    limit = getattr(config, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and prompt_tokens + max_new_tokens > limit else None
 
 
 class HFGeneration(GenerationEngine):
@@ -64,6 +78,26 @@ class HFGeneration(GenerationEngine):
         self.eos_ids = list(eos_ids)
         self.agent_sampling = [sampling] if isinstance(sampling, SamplingSettings) else list(sampling)
         self.parallel_agents = parallel_agents
+        self._past_context_told: set[int] = set()  # agents already warned of prompts past their context
+
+    def _warn_past_context(self, model: nn.Module, agent: int, prompt_tokens: int) -> None:
+        """Once per agent: its longest prompt and `max_completion_length` go past the model's context; TRL's cure is
+        `max_prompt_length` (prompts keep their last tokens)."""
+        s = self.agent_settings(agent)
+        limit = past_the_context(model, prompt_tokens, s.max_completion_length)
+        if limit is None or agent in self._past_context_told:
+            return
+        self._past_context_told.add(agent)
+        logger.warning(
+            "agent %d: a prompt of %d tokens plus max_completion_length=%d goes past the model's "
+            "max_position_embeddings=%d (a model with learned positions fails there); set max_prompt_length (the "
+            "prompt's last tokens are kept) to at most %d",
+            agent + 1,
+            prompt_tokens,
+            s.max_completion_length,
+            limit,
+            limit - s.max_completion_length,
+        )
 
     @property
     def team(self) -> nn.Module:
@@ -122,6 +156,9 @@ class HFGeneration(GenerationEngine):
             eos_ids = [eos_token_ids(m, t) for m, t in zip(models, tokenizers)]
         G = num_generations
         encoded = [self._encode(tok, prompts) for tok, prompts in zip(tokenizers, prompts_per_agent)]
+        for i, (ids, _) in enumerate(encoded):
+            if ids.numel():
+                self._warn_past_context(models[i], i, ids.shape[1])
         configs = [self.generation_config(tokenizers[i], eos_ids[i], G, greedy, i) for i in range(len(models))]
         # a sharded agent's generate is a collective (transformers' `synced_gpus`, as TRL generates under ZeRO-3 /
         # FSDP): every process runs it until the longest is done; one without prompts decodes a placeholder
@@ -222,6 +259,11 @@ class HFGeneration(GenerationEngine):
             rows, owners = [torch.tensor([pad_id], dtype=torch.long)], [agents[0]]
         input_ids = pad(rows, pad_id, padding_side="left")
         mask = pad([torch.ones_like(r) for r in rows], 0, padding_side="left")
+        if not placeholder:
+            for i in agents:
+                longest = max((len(r) for r, owner in zip(rows, owners) if owner == i), default=0)
+                if longest:
+                    self._warn_past_context(team.shared, i, longest)
         device = next(team.agents[0].parameters()).device
         was_training = base.training
         base.eval()
