@@ -20,7 +20,10 @@ __all__ = [
     "check_shared_base",
     "check_sharded_scoring",
     "check_formatters_on_first_items",
+    "check_dataset_kind",
+    "check_peft_config",
     "check_prompt_column",
+    "refuse_dataset_dict",
     "first_bad_prompts",
     "column_names",
     "apply_wandb_config",
@@ -52,21 +55,26 @@ def agent_sources(model: Any, num_agents: int) -> list:
     return [model] * num_agents
 
 
-def check_dataset_kind(name: str, data: Any) -> None:
-    """`data` (a trainer's `train_dataset` / `eval_dataset`, None allowed) is task items to index: a
-    `datasets.Dataset`, a list of dicts, or another sized, indexable collection. The kinds a user reaches for that are
-    not (one of them was read as something else: a dict of columns as its keys) get the conversion to use."""
-    from collections.abc import Mapping
+def refuse_dataset_dict(name: str, data: Any) -> None:
+    """A `DatasetDict` (or its streamed form) given where one split belongs: a ValueError naming its splits."""
+    from datasets import DatasetDict, IterableDatasetDict
 
-    from datasets import DatasetDict, IterableDataset, IterableDatasetDict
-
-    if data is None:
-        return
     if isinstance(data, (DatasetDict, IterableDatasetDict)):
         raise ValueError(
             f"{name} is a {type(data).__name__} with the splits {list(data)}: pass one split, e.g. "
             f"{name}=dataset['train']"
         )
+
+
+def check_dataset_kind(name: str, data: Any) -> None:
+    """`data` (a trainer's `train_dataset` / `eval_dataset`, None allowed) is task items to index: a
+    `datasets.Dataset`, a list of dicts, or another sized, indexable collection. The kinds a user reaches for that are
+    not (one of them was read as something else: a dict of columns as its keys) get the conversion to use."""
+    from datasets import IterableDataset
+
+    if data is None:
+        return
+    refuse_dataset_dict(name, data)
     if isinstance(data, IterableDataset):
         raise TypeError(
             f"{name} is a datasets.IterableDataset (streamed): trl_marl draws task items by index (reshuffled every "

@@ -128,8 +128,8 @@ def log_completions_table(records: list[dict], step: int, args: Any, num_to_prin
 
 
 def _as_json(value: Any) -> Any:
-    """A value JSON has no type for, from a dataset item (a date, a timestamp, an array, bytes): a date or time in
-    ISO 8601, an array as a list, anything else as its `str`."""
+    """A record value JSON has no type for (a date, a timestamp, an array, bytes): a date or time in ISO 8601, an
+    array as a list, anything else as its `str`."""
     if hasattr(value, "isoformat"):
         return value.isoformat()
     if hasattr(value, "tolist"):
@@ -140,7 +140,7 @@ def _as_json(value: Any) -> Any:
 def append_trace(path: str | Path, records: list[dict], step: int, env_step: int) -> None:
     """Append one JSON line per record (a joint action of a rollout) to `path`, tagged with the step and env step.
     The file is UTF-8 with non-ASCII text as it is; a lone surrogate in a text is written as U+FFFD (`valid_text`);
-    an item's values JSON has no type for are written as text (`_as_json`). Every line is encoded before the file is
+    values JSON has no type for are written as text (`_as_json`). Every line is encoded before the file is
     opened, so a record that cannot be written leaves the file as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

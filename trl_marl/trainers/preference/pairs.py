@@ -247,12 +247,12 @@ def cut_completions(pairs: Sequence[PreferencePair], tokenizers: Sequence[Any], 
     Only completions that fill the limit are tokenized again."""
     cut = 0
     for p in pairs:
-        for texts, ids_of in ((p.winner_completions, p.winner_ids), (p.loser_completions, p.loser_ids)):
+        sides = ((p.winner_completions, p.winner_ids, p.winner_eos), (p.loser_completions, p.loser_ids, p.loser_eos))
+        for texts, ids_of, ends in sides:
             for i, (text, ids) in enumerate(zip(texts, ids_of)):
                 if len(ids) < max_completion_length:
                     continue
                 full = len(tokenizers[i](str(text), add_special_tokens=False)["input_ids"])
-                ends = p.winner_eos if ids_of is p.winner_ids else p.loser_eos
                 with_eos = ends is None or ends[i] is not None  # unknown ends are finished, given an EOS
                 cut += full + int(with_eos) > max_completion_length
     return cut

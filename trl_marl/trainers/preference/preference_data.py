@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from datasets import Dataset, DatasetDict
+from datasets import Dataset
 
-from trl_marl.trainers.arguments import check_dataset_kind
+from trl_marl.trainers.arguments import check_dataset_kind, refuse_dataset_dict
 from trl_marl.trainers.preference.pair_checks import check_record
 
 __all__ = [
@@ -79,13 +79,6 @@ def _column_names(data: Any) -> list[str]:
     if isinstance(data, (list, tuple)) and data and isinstance(data[0], Mapping):
         return list(data[0])
     return []
-
-
-def _check_not_dataset_dict(data: Any, name: str) -> None:
-    if isinstance(data, DatasetDict):
-        raise ValueError(
-            f"{name} is a DatasetDict with the splits {list(data)}: pass one split, e.g. {name}=dataset['train']"
-        )
 
 
 def looks_like_preference_data(data: Any) -> bool:
@@ -176,7 +169,7 @@ def preference_records(data: Any, num_agents: int | None, name: str = "train_dat
 
     `num_agents=None` infers the team's size from the columns (not possible for TRL's one-model columns). Raises
     `ValueError` naming `name`, the columns found and the scheme expected when the data does not match."""
-    _check_not_dataset_dict(data, name)
+    refuse_dataset_dict(name, data)
     if _is_dataset_list(data):
         return _from_agent_datasets(data, num_agents, name)
     cols = _column_names(data)
@@ -324,7 +317,7 @@ def no_task_reward(*completions: Any, **kwargs: Any) -> list[float]:
 def _pair_entries(pairs: Any, num_agents: int) -> list:
     """`preference_pairs=` as a list of records / `PreferencePair`s: preference data in any accepted form, a round
     file's content (`{"iteration", "num_pairs", "pairs"}`) or an iterable of records / pairs."""
-    _check_not_dataset_dict(pairs, "preference_pairs")
+    refuse_dataset_dict("preference_pairs", pairs)
     if isinstance(pairs, Mapping) and "pairs" in pairs:
         pairs = pairs["pairs"]
     if looks_like_preference_data(pairs):
