@@ -20,7 +20,7 @@ if not torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") is None:
 from trl.trainer.base_config import _BaseConfig  # noqa: E402
 
 from trl_marl.environments.episode import TURN_ORDERS  # noqa: E402
-from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
+from trl_marl.generation.vllm_backend import VLLM_MODES, check_unread_vllm_fields, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
 from trl_marl.trainers.config_checks import check_field_values, parse_json_field  # noqa: E402
 from trl_marl.trainers.per_agent import SAMPLING_FIELDS, agent_value, check_per_agent  # noqa: E402
@@ -123,6 +123,8 @@ class MultiAgentConfig(_BaseConfig):
         use_vllm: sample with vLLM instead of `model.generate` (TRL's name): True, False, or `"auto"` (colocated
             engines where they were measured faster for the device and the model size, else `model.generate`; the
             choice and why are logged, and `use_vllm` holds it once the trainer is built; `trl_marl.generation.choice`).
+            With False, a `vllm_*` field set to another value than its default is refused (nothing would read it;
+            TRL ignores it), and so is a `vllm_server_*` field outside `vllm_mode="server"`.
             The engines only sample: the loss's log-probs stay computed by the training model, and the gap between
             vLLM's sampled log-probs and the trainer's is logged as `sampling/sampling_logp_difference/{mean,max}`.
             See `docs/vllm.md`.
@@ -511,6 +513,7 @@ class MultiAgentConfig(_BaseConfig):
         need(lbs is None or lbs >= 1, f"logprob_batch_size must be None (sized from memory) or >= 1, got {lbs}")
         need(self.eval_interval is None or self.eval_interval >= 1, "eval_interval must be None or >= 1")
         need(self.eval_num_samples is None or self.eval_num_samples >= 1, "eval_num_samples must be None or >= 1")
+        check_unread_vllm_fields(self)  # vLLM fields set for a run that would not read them
         if self.use_vllm:
             validate_vllm_args(self)
         from trl_marl.hub.settings import check_hub_settings
