@@ -231,6 +231,42 @@ def test_meaningless_trainer_counts_are_refused(make_args, config, overrides, me
         make_args(getattr(trl_marl, config), **overrides)
 
 
+@pytest.mark.parametrize("config", ["MAGRPOConfig", "MAPPOConfig", "MADPOConfig"])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"save_strategy": "steps", "save_steps": 0},
+            r"save_steps=0 with save_strategy='steps': save_steps must be an integer >= 1 .*\(0, 1\)",
+        ),
+        ({"save_strategy": "steps", "save_steps": -5}, r"save_steps=-5 with save_strategy='steps'"),
+        ({"save_strategy": "steps", "save_steps": 2.5}, r"save_steps=2.5 with save_strategy='steps'"),
+        (
+            {"eval_strategy": "steps", "eval_steps": 0},
+            r"eval_steps=0 .*or None \(every logging_steps steps.*write None",
+        ),
+        ({"eval_strategy": "steps", "eval_steps": -1}, r"eval_steps=-1 with eval_strategy='steps'"),
+        ({"logging_steps": -2}, r"logging_steps=-2 with logging_strategy='steps'.*or set logging_strategy='no'"),
+    ],
+)
+def test_step_intervals_that_never_fire_are_refused(make_args, config, overrides, message):
+    """transformers accepts these under the "steps" strategy and reads a value below 1 as a fraction of the run:
+    save_steps=0 (or negative) never saved a checkpoint, a negative logging_steps never logged, eval_steps=0 silently
+    became logging_steps. On the old code every one was accepted (save_steps=2.5 by transformers' own message)."""
+    import trl_marl
+
+    with pytest.raises(ValueError, match=message):
+        make_args(getattr(trl_marl, config), **overrides)
+
+
+def test_step_intervals_transformers_honours_are_accepted(make_args):
+    args = make_args(save_strategy="steps", save_steps=0.25, eval_strategy="steps", eval_steps=None, logging_steps=0.5)
+    assert (args.save_steps, args.eval_steps, args.logging_steps) == (0.25, 0.5, 0.5)  # eval_steps: logging_steps'
+    assert make_args(save_strategy="steps", save_steps=10.0).save_steps == 10
+    # another strategy does not read the field (as in transformers)
+    assert make_args(save_strategy="no", save_steps=0, logging_strategy="no", logging_steps=0).save_steps == 0
+
+
 def test_counts_at_their_limits_are_accepted(make_args):
     args = make_args(max_steps=-1, num_train_epochs=0.5, num_completions_to_print=0, gradient_accumulation_steps=1)
     assert args.num_train_epochs == 0.5 and args.num_completions_to_print == 0

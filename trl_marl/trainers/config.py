@@ -22,7 +22,7 @@ from trl.trainer.base_config import _BaseConfig  # noqa: E402
 from trl_marl.environments.episode import TURN_ORDERS  # noqa: E402
 from trl_marl.generation.vllm_backend import VLLM_MODES, check_unread_vllm_fields, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
-from trl_marl.trainers.config_checks import check_field_values, parse_json_field  # noqa: E402
+from trl_marl.trainers.config_checks import check_field_values, check_step_intervals, parse_json_field  # noqa: E402
 from trl_marl.trainers.per_agent import SAMPLING_FIELDS, agent_value, check_per_agent  # noqa: E402
 from trl_marl.trainers.trl_settings import check_config_kwargs  # noqa: E402
 from trl_marl.utils.deprecation import warn_deprecated  # noqa: E402
@@ -452,6 +452,7 @@ class MultiAgentConfig(_BaseConfig):
             f"num_train_epochs must be > 0 when max_steps=-1 (training runs num_train_epochs epochs; 0 or less trains "
             f"0 steps), got {self.num_train_epochs}; or set max_steps >= 1",
         )
+        check_step_intervals(self)  # save_steps=0 never saved; transformers accepts it
         gas = self.gradient_accumulation_steps
         need(gas >= 1, f"gradient_accumulation_steps must be >= 1 (1: no accumulation), got {gas}")
         nctp = self.num_completions_to_print

@@ -27,7 +27,7 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["INFINITE_ALLOWED", "check_device", "check_field_values", "parse_json_field"]
+__all__ = ["INFINITE_ALLOWED", "check_device", "check_field_values", "check_step_intervals", "parse_json_field"]
 
 # Fields where `inf` means something: no clipping threshold that is ever reached / no early termination.
 INFINITE_ALLOWED = frozenset({"max_grad_norm", "early_termination_threshold"})
@@ -129,6 +129,44 @@ def check_field_values(config: Any, per_agent: frozenset[str] | set[str] = froze
                     f"{label}={v} is not a finite number: inf and nan are refused (they train on NaN weights or a "
                     "zero gradient without an error)"
                 )
+
+
+# TrainingArguments' step intervals: (field, the strategy field that reads it, what None means where it is allowed)
+_STEP_INTERVALS = (
+    ("logging_steps", "logging_strategy", None),
+    ("eval_steps", "eval_strategy", "every logging_steps steps, transformers' fallback"),
+    ("save_steps", "save_strategy", None),
+)
+
+
+def check_step_intervals(config: Any) -> None:
+    """Refuse a `logging_steps` / `eval_steps` / `save_steps` that transformers accepts under its `"steps"` strategy
+    but cannot honour (a ValueError naming the field and the allowed values): below 1 it is a fraction of the run's
+    training steps, so 0 or a negative value never fires (`save_steps=0` never saved a checkpoint, a negative
+    `eval_steps` evaluated at multiples of the run's length only); above 1 it must be a whole number. transformers
+    reads `eval_steps=0` as unset: write None for that. Under another strategy the field is not read (as in
+    transformers) and not checked."""
+    for name, strategy_name, none_means in _STEP_INTERVALS:
+        strategy = getattr(config, strategy_name, None)
+        if str(getattr(strategy, "value", strategy)) != "steps":
+            continue
+        value = getattr(config, name)
+        if value is None and none_means is not None:
+            continue
+        if value is not None and (0 < value < 1 or (value >= 1 and value == int(value))):
+            continue
+        allowed = "an integer >= 1 (every that many training steps) or a float in (0, 1) (that fraction of the run's "
+        allowed += "training steps)"
+        if none_means is not None:
+            allowed += f", or None ({none_means})"
+        allowed += f"; or set {strategy_name}='no'"
+        if value == 0 and none_means is not None:
+            why = f" (transformers reads {name}=0 as unset: write None for that)"
+        elif value is not None and value <= 0:
+            why = " (transformers takes a value below 1 as a fraction of the run's steps: 0 or less is no interval)"
+        else:
+            why = ""
+        raise ValueError(f"{name}={value!r} with {strategy_name}='steps': {name} must be {allowed}{why}")
 
 
 def _device_backend(kind: str) -> Any:
