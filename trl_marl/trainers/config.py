@@ -69,6 +69,9 @@ class MultiAgentConfig(_BaseConfig):
     split). `per_device_train_batch_size` is `train_batch_size` (task items, not completions): left unset it follows
     `train_batch_size`; set alone it IS `train_batch_size`; set to another value than `train_batch_size` it is refused.
 
+    `remove_unused_columns` must stay False (TRL's GRPOConfig default; True is refused): task items reach the
+    formatters, reward functions, tools and environments whole.
+
     Values are checked for meaning when the config is built (`trl_marl.trainers.config_checks`): from Python, a
     string is never taken as a bool or a number (`bf16="false"` is refused; the command line and YAML files convert
     their strings first), every float must be finite, and each field has its range (the error names the field, the
@@ -180,7 +183,8 @@ class MultiAgentConfig(_BaseConfig):
     )
     logging_steps: float = field(default=1, metadata={"help": "Log every X training steps."})
     remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Kept False: task items reach formatters and rewards whole."}
+        default=False,
+        metadata={"help": "Must be False (True is refused): task items reach formatters, rewards and tools whole."},
     )
     per_device_train_batch_size: int | None = field(
         default=None,
@@ -453,6 +457,14 @@ class MultiAgentConfig(_BaseConfig):
             f"0 steps), got {self.num_train_epochs}; or set max_steps >= 1",
         )
         check_step_intervals(self)  # save_steps=0 never saved; transformers accepts it
+        need(
+            not self.remove_unused_columns,
+            "remove_unused_columns=True is not supported: trl_marl's trainers hand every task item whole to the "
+            "formatters, the reward functions (batch_items=), tools and environments (TRL's GRPOTrainer with True "
+            "keeps only the 'prompt' column, starving any of them that reads another; preference data needs all its "
+            "columns). Leave it False (the default, as in TRL's GRPOConfig); to drop columns, call "
+            "dataset.remove_columns(...) or dataset.select_columns(...) before passing the dataset",
+        )
         gas = self.gradient_accumulation_steps
         need(gas >= 1, f"gradient_accumulation_steps must be >= 1 (1: no accumulation), got {gas}")
         nctp = self.num_completions_to_print
