@@ -22,7 +22,12 @@ from trl.trainer.base_config import _BaseConfig  # noqa: E402
 from trl_marl.environments.episode import TURN_ORDERS  # noqa: E402
 from trl_marl.generation.vllm_backend import VLLM_MODES, check_unread_vllm_fields, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
-from trl_marl.trainers.config_checks import check_field_values, check_step_intervals, parse_json_field  # noqa: E402
+from trl_marl.trainers.config_checks import (  # noqa: E402
+    check_devices,
+    check_field_values,
+    check_step_intervals,
+    parse_json_field,
+)  # noqa: E402
 from trl_marl.trainers.per_agent import SAMPLING_FIELDS, agent_value, check_per_agent  # noqa: E402
 from trl_marl.trainers.trl_settings import check_config_kwargs  # noqa: E402
 from trl_marl.utils.deprecation import warn_deprecated  # noqa: E402
@@ -116,7 +121,9 @@ class MultiAgentConfig(_BaseConfig):
         eval_num_samples: task items evaluated per evaluation (`None`: the whole eval dataset).
         eval_batch_size: task items rolled out together during evaluation (`per_device_eval_batch_size`).
         parallel_training: `"none"` (accelerate places everything) or `"mp"` (explicit per-agent devices).
-        agent_devices: one device per agent (or one for all) in `"mp"` mode, e.g. `["cuda:0", "cuda:1"]`.
+        agent_devices: one device per agent (or one for all) in `"mp"` mode, e.g. `["cuda:0", "cuda:1"]`. Each entry
+            of this and of `reference_devices` must be a device this machine has (refused at construction, naming
+            the entry: `config_checks.check_devices`).
         share_base_model: with a `peft_config`, make every agent an adapter on ONE frozen base model (a homogeneous
             team given as `model`): n agents for the memory of about one model; generation runs one call for all
             agents with a per-row adapter; the reference model of the KL penalty is the base with adapters disabled.
@@ -510,6 +517,11 @@ class MultiAgentConfig(_BaseConfig):
             self.parallel_training in PARALLEL_MODES,
             f"parallel_training must be one of {list(PARALLEL_MODES)}, got {self.parallel_training!r}",
         )
+        # each entry a device this machine has, before any model loads ("cuda:0" on a CPU-only machine failed late)
+        check_devices(
+            "agent_devices", self.agent_devices, "with parallel_training='none' accelerate places the agents"
+        )
+        check_devices("reference_devices", self.reference_devices, "each reference beside its agent")
         if self.parallel_training == "mp":
             need(bool(self.agent_devices), "parallel_training='mp' needs agent_devices (one device per agent)")
         if self.agent_devices is not None:

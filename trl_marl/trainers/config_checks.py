@@ -13,7 +13,8 @@
   `inf` is a meaningful setting.
 
 Each config's ranges (`temperature` in [0.01, 100], `beta > 0`, ...) are its own `_validate_multi_agent`'s;
-`check_device` is theirs for a field naming one device (MARLHF's `reward_model_device`).
+`check_device` is theirs for a field naming one device (MARLHF's `reward_model_device`), `check_devices` for a list
+of them (`agent_devices`, `reference_devices`, `critic_devices`, a comparator's `devices`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["INFINITE_ALLOWED", "check_device", "check_field_values", "check_step_intervals", "parse_json_field"]
+__all__ = [
+    "INFINITE_ALLOWED",
+    "check_device",
+    "check_devices",
+    "check_field_values",
+    "check_step_intervals",
+    "parse_json_field",
+]
 
 # Fields where `inf` means something: no clipping threshold that is ever reached / no early termination.
 INFINITE_ALLOWED = frozenset({"max_grad_norm", "early_termination_threshold"})
@@ -188,16 +196,22 @@ def _devices_here() -> list[str]:
     return here
 
 
-def check_device(name: str, value: Any, unset: str = "the trainer's device") -> None:
+def check_device(name: str, value: Any, unset: str = "the trainer's device", *, entry_of: str | None = None) -> None:
     """Refuse a device that this machine does not have (a ValueError naming the field, the value, why, and the
     devices it has): an unknown device type (`"gpu"`), an accelerator torch does not see (`"cuda:0"` on a CPU-only
     machine), or an index past its device count (`"cuda:3"` with 2 GPUs). Otherwise the value is only used after
-    the costly phases before it (MARLHF: pair collection and the reward model's fit). None is always accepted."""
-    if value is None:
+    the costly phases before it (MARLHF: pair collection and the reward model's fit; the agents' placement after
+    they load). None is accepted, except for an entry of the list field `entry_of` (`check_devices`)."""
+    if entry_of is not None:
+        instead = f"use one of {_devices_here()} (or {entry_of}=None: {unset})"
+        if value is None:
+            raise ValueError(f"{name}=None is not a device; {instead}")
+    elif value is None:
         return
+    else:
+        instead = f"use None ({unset}) or one of {_devices_here()}"
     import torch
 
-    instead = f"use None ({unset}) or one of {_devices_here()}"
     try:
         device = torch.device(value)
     except (RuntimeError, TypeError, ValueError) as err:
@@ -215,6 +229,21 @@ def check_device(name: str, value: Any, unset: str = "the trainer's device") -> 
     count = backend.device_count() if hasattr(backend, "device_count") else None
     if device.index is not None and count is not None and device.index >= count:
         raise ValueError(f"{name}={value!r}: this machine has {count} {device.type} device(s); {instead}")
+
+
+def check_devices(name: str, values: Any, unset: str) -> None:
+    """`check_device` for each entry of a device-list field (`agent_devices`, `critic_devices`, ...), the entry named
+    `name[i]`; None (`unset` says what it means) is accepted. A bare string is refused: it is no list (a list of one
+    device places everything there)."""
+    if values is None:
+        return
+    if isinstance(values, str):
+        raise ValueError(
+            f"{name}={values!r} is a string; {name} takes a list of devices: [{values!r}] for one device for all, or "
+            f"one per entry (or {name}=None: {unset})"
+        )
+    for i, value in enumerate(values):
+        check_device(f"{name}[{i}]", value, unset, entry_of=name)
 
 
 def parse_json_field(name: str, text: str, expected: str) -> Any:
