@@ -549,3 +549,15 @@ class MultiAgentConfig(_BaseConfig):
     def steps_per_rollout(self) -> int:
         """Training steps taken on each rollout: `rollout_buffer_size / train_batch_size`."""
         return self.rollout_buffer_size // (self.train_batch_size or self.rollout_buffer_size)
+
+    @property
+    def completions_per_item(self) -> int:
+        """Completions each agent samples per task item in one rollout (`num_generations`; the preference trainers
+        read theirs): the rows per item of one `generate` call (`trl_marl.distributed.memory.estimate`)."""
+        return self.num_generations
+
+    @property
+    def training_rows_per_item(self) -> int:
+        """Rows each agent scores in a training step per `train_batch_size` unit: the item's `num_generations`
+        samples here, a pair's chosen and rejected responses for MADPO (`trl_marl.distributed.memory.estimate`)."""
+        return self.num_generations
