@@ -157,9 +157,13 @@ def build_trainer(args):
         seed=0,
         use_cpu=True,
         use_vllm=args.backend != "hf",
-        vllm_max_model_length=512,
         share_base_model=lora,
-        vllm_enable_lora=args.backend == "vllm_lora",
+        # vLLM's settings only for a vLLM backend: with use_vllm=False the config refuses them (nothing reads them)
+        **(
+            dict(vllm_max_model_length=512, vllm_enable_lora=args.backend == "vllm_lora")
+            if args.backend != "hf"
+            else {}
+        ),
     )
     data = Dataset.from_list([{"prompt": p} for p in story_prompts(args.prompts_per_step)])
     return MAGRPOTrainer(

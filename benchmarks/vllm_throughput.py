@@ -93,10 +93,17 @@ def run_one(args) -> dict:
         bf16=args.dtype == "bfloat16",
         use_cpu=args.device == "cpu",
         use_vllm=use_vllm,
-        vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        vllm_max_model_length=512,
         share_base_model=lora,
-        vllm_enable_lora=args.backend == "vllm_lora",
+        # vLLM's settings only for a vLLM backend: with use_vllm=False the config refuses them (nothing reads them)
+        **(
+            dict(
+                vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                vllm_max_model_length=512,
+                vllm_enable_lora=args.backend == "vllm_lora",
+            )
+            if use_vllm
+            else {}
+        ),
     )
 
     class StepTimer(TrainerCallback):

@@ -231,12 +231,13 @@ def test_vllm_importance_sampling_correction_on_an_agentic_team(tiny_path, tok, 
     refused the combination at construction (and `use_vllm='auto'` fell back to transformers)."""
     from trl_marl.algorithms.grpo import vllm_importance_sampling_ratio
 
-    trainer = signal_trainer(
-        tiny_path, tok, tmp_path, rollout_buffer_size=2, loss_type="grpo", vllm_importance_sampling_mode=mode,
-        vllm_importance_sampling_clip_min=0.5 if mode == "token_truncate" else None,
-    )  # fmt: skip
+    trainer = signal_trainer(tiny_path, tok, tmp_path, rollout_buffer_size=2, loss_type="grpo")
+    # as with use_vllm=True (this test samples through `WithSamplingLogprobs`); set after construction, since with
+    # use_vllm=False the config refuses the vLLM settings
+    trainer.args.vllm_importance_sampling_mode = mode
+    trainer.args.vllm_importance_sampling_clip_min = 0.5 if mode == "token_truncate" else None
     step = trainer.rl_step.grpo_step
-    step.vllm_correction = True  # as with use_vllm=True (this test samples through `WithSamplingLogprobs`)
+    step.vllm_correction = True
     WithSamplingLogprobs(trainer, signal_policy(counter=[0]))
     items = [trainer.train_dataset[i] for i in range(2)]
     rollout = trainer.train_rollout_engine.run(items, trainer.generation.generate)

@@ -301,7 +301,7 @@ def test_beta_with_peft_uses_the_adapter_disabled_base_and_sync_ref_model_moves_
         (dict(loss_type="dapo", min_p=1.5), r"min_p must be None or in \[0, 1\]"),
         (dict(multi_objective_aggregation="mean"), r"multi_objective_aggregation must be one of"),
         (
-            dict(loss_type="dapo", vllm_importance_sampling_mode="token"),
+            dict(loss_type="dapo", use_vllm=True, vllm_importance_sampling_mode="token"),
             r"vllm_importance_sampling_mode must be one of",
         ),
     ],

@@ -264,9 +264,6 @@ def _our_trainer(tiny_path, tok, fixed, tmp_path, trl_trainer, case: dict, **con
         entropy_coef=case["entropy_coef"],
         off_policy_mask_threshold=case["off_policy_mask_threshold"],
         multi_objective_aggregation=case["multi_objective_aggregation"],
-        vllm_importance_sampling_mode=vllm_mode or "sequence_mask",
-        vllm_importance_sampling_clip_min=case["vllm_importance_sampling_clip_min"],
-        vllm_importance_sampling_clip_max=case["vllm_importance_sampling_clip_max"],
         **config,
     )
     trainer = MAGRPOTrainer(
@@ -281,7 +278,11 @@ def _our_trainer(tiny_path, tok, fixed, tmp_path, trl_trainer, case: dict, **con
         # a vLLM engine reports its sampled log-probs: here the fixed engine does, and the loss step is told so
         from trl_marl.trainers.grpo_step import GRPOLossStep
 
+        # set after construction: with use_vllm=False (no vLLM here) the config refuses the vLLM settings
         trainer.args.use_vllm = True
+        trainer.args.vllm_importance_sampling_mode = vllm_mode
+        trainer.args.vllm_importance_sampling_clip_min = case["vllm_importance_sampling_clip_min"]
+        trainer.args.vllm_importance_sampling_clip_max = case["vllm_importance_sampling_clip_max"]
         trainer.rl_step.grpo_step = GRPOLossStep(trainer)
 
     def generate(prompts_per_agent, num_generations, greedy=False):

@@ -145,6 +145,68 @@ def test_main_prints_every_engine(tiny_path, capsys):
         assert f"engine={engine} world_size=2" in out
 
 
+def test_preference_trainers_are_estimated_with_the_candidates_they_sample(tiny_path):
+    """MADPO samples preference_num_candidates per item and trains on pairs (a chosen and a rejected row each);
+    MARLHF samples K candidates to collect pairs, then num_generations per item in its RL phase. The old code read
+    num_generations (MADPO's unread default, 4) for both: MADPO's KV cache for 4 candidates instead of 8, and its
+    activations for train_batch_size x 4 rows instead of x 2."""
+    from trl_marl import MADPOConfig, MADPOIterConfig, MARLHFConfig
+    from trl_marl.distributed.memory import TrainingShape
+
+    common = dict(output_dir="x", num_agents=2, rollout_buffer_size=2, max_completion_length=16)
+    madpo = MADPOConfig(**common, preference_num_candidates=8, train_batch_size=3)
+    est = estimate(madpo, tiny_path, "ddp", 1)
+    # the same generate call as MAGRPO's with G=8 on 2 items; the same training rows as 3 items x G=2
+    assert est.kv_cache == estimate(_cfg(num_generations=8), tiny_path, "ddp", 1).kv_cache
+    rl_rows = _cfg(num_generations=2, rollout_buffer_size=3, train_batch_size=3)
+    assert est.activations == estimate(rl_rows, tiny_path, "ddp", 1).activations
+    shape = TrainingShape.from_config(madpo)
+    assert (shape.num_generations, shape.train_rows_per_item, shape.train_batch_size) == (8, 2, 3)
+    expected = TrainingShape(
+        num_agents=2,
+        num_generations=8,
+        rollout_buffer_size=2,
+        train_batch_size=3,
+        max_prompt_length=None,
+        max_completion_length=16,
+        train_rows_per_item=2,
+    )
+    assert estimate(madpo, tiny_path, "ddp", 1) == estimate(expected, tiny_path, "ddp", 1)
+    as_if_g4 = estimate(TrainingShape(**{**expected.__dict__, "num_generations": 4}), tiny_path, "ddp", 1)
+    assert estimate(madpo, tiny_path, "ddp", 1).kv_cache == 2 * as_if_g4.kv_cache  # the KV cache is linear in rows
+    iterative = MADPOIterConfig(**common, preference_num_candidates=6)
+    assert TrainingShape.from_config(iterative).num_generations == 6
+    marlhf = MARLHFConfig(**common, num_generations=2, preference_num_candidates=6)
+    shape = TrainingShape.from_config(marlhf)
+    assert (shape.num_generations, shape.train_rows_per_item) == (6, 2)  # collection's K, the RL phase's G
+    assert TrainingShape.from_config(_cfg(num_generations=3)).num_generations == 3  # the RL trainers: G
+
+
+def test_main_estimates_madpo_with_preference_num_candidates(tiny_path, capsys):
+    """`trl-marl estimate --preference_num_candidates K`: MADPO's shape (the old CLI had only --num_generations)."""
+    madpo = _madpo_cli_estimate(tiny_path)
+    assert main([tiny_path, "--engine", "ddp", "--preference_num_candidates", "8", "--train_batch_size", "3"]) == 0
+    assert capsys.readouterr().out.strip() == madpo.summary()
+    with pytest.raises(SystemExit):
+        main([tiny_path, "--num_generations", "4", "--preference_num_candidates", "8"])
+    assert "give one of them" in capsys.readouterr().err
+
+
+def _madpo_cli_estimate(tiny_path):
+    from trl_marl.distributed.memory import TrainingShape
+
+    shape = TrainingShape(
+        num_agents=2,
+        num_generations=8,
+        rollout_buffer_size=4,
+        train_batch_size=3,
+        max_prompt_length=512,
+        max_completion_length=256,
+        train_rows_per_item=2,
+    )
+    return estimate(shape, tiny_path, "ddp", 1)
+
+
 @pytest.mark.slow
 def test_estimate_matches_measured_peak_rss(tmp_path):
     """One process, two MAGRPO steps on a model-shaped team (2 agents, hidden 512, 8 layers): the predicted peak is

@@ -231,6 +231,42 @@ def test_meaningless_trainer_counts_are_refused(make_args, config, overrides, me
         make_args(getattr(trl_marl, config), **overrides)
 
 
+@pytest.mark.parametrize("config", ["MAGRPOConfig", "MAPPOConfig", "MADPOConfig"])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"save_strategy": "steps", "save_steps": 0},
+            r"save_steps=0 with save_strategy='steps': save_steps must be an integer >= 1 .*\(0, 1\)",
+        ),
+        ({"save_strategy": "steps", "save_steps": -5}, r"save_steps=-5 with save_strategy='steps'"),
+        ({"save_strategy": "steps", "save_steps": 2.5}, r"save_steps=2.5 with save_strategy='steps'"),
+        (
+            {"eval_strategy": "steps", "eval_steps": 0},
+            r"eval_steps=0 .*or None \(every logging_steps steps.*write None",
+        ),
+        ({"eval_strategy": "steps", "eval_steps": -1}, r"eval_steps=-1 with eval_strategy='steps'"),
+        ({"logging_steps": -2}, r"logging_steps=-2 with logging_strategy='steps'.*or set logging_strategy='no'"),
+    ],
+)
+def test_step_intervals_that_never_fire_are_refused(make_args, config, overrides, message):
+    """transformers accepts these under the "steps" strategy and reads a value below 1 as a fraction of the run:
+    save_steps=0 (or negative) never saved a checkpoint, a negative logging_steps never logged, eval_steps=0 silently
+    became logging_steps. On the old code every one was accepted (save_steps=2.5 by transformers' own message)."""
+    import trl_marl
+
+    with pytest.raises(ValueError, match=message):
+        make_args(getattr(trl_marl, config), **overrides)
+
+
+def test_step_intervals_transformers_honours_are_accepted(make_args):
+    args = make_args(save_strategy="steps", save_steps=0.25, eval_strategy="steps", eval_steps=None, logging_steps=0.5)
+    assert (args.save_steps, args.eval_steps, args.logging_steps) == (0.25, 0.5, 0.5)  # eval_steps: logging_steps'
+    assert make_args(save_strategy="steps", save_steps=10.0).save_steps == 10
+    # another strategy does not read the field (as in transformers)
+    assert make_args(save_strategy="no", save_steps=0, logging_strategy="no", logging_steps=0).save_steps == 0
+
+
 def test_counts_at_their_limits_are_accepted(make_args):
     args = make_args(max_steps=-1, num_train_epochs=0.5, num_completions_to_print=0, gradient_accumulation_steps=1)
     assert args.num_train_epochs == 0.5 and args.num_completions_to_print == 0
@@ -558,3 +594,67 @@ def test_dataset_kinds_a_user_reaches_for_get_the_conversion_to_use(make_args, i
     for kwargs, error, message in cases:
         with pytest.raises(error, match=message):
             build(make_args, items, **kwargs)
+
+
+# ------------------------------------------------------------------------------- device lists checked at construction
+def _missing_device() -> str:
+    """A device this machine does not have: the first CUDA index past its GPUs (cuda:0 on a CPU-only machine)."""
+    import torch
+
+    return f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+
+
+@pytest.mark.parametrize(
+    "config, overrides, label",
+    [
+        ("MAGRPOConfig", {"parallel_training": "mp", "agent_devices": ["cpu", "MISSING"]}, r"agent_devices\[1\]"),
+        ("MAGRPOConfig", {"reference_kl_enabled": True, "reference_devices": ["MISSING"]}, r"reference_devices\[0\]"),
+        (
+            "MAPPOConfig",
+            {"parallel_training": "mp", "agent_devices": ["cpu"], "critic_devices": ["MISSING"]},
+            r"critic_devices\[0\]",
+        ),
+        ("MARLHFConfig", {"rl_algorithm": "iac", "critic_devices": ["cpu", "MISSING"]}, r"critic_devices\[1\]"),
+        (
+            "MADPOIterConfig",
+            {"comparator_policy": "current_copy", "comparator_kwargs": {"devices": ["MISSING"]}},
+            r"comparator_kwargs\['devices'\]\[0\]",
+        ),
+        (
+            "MADPOIterConfig",
+            {"comparator_policy": "current_copy", "comparator_devices": ["cpu", "MISSING"]},
+            r"comparator_kwargs\['devices'\]\[1\]",
+        ),
+    ],
+)
+def test_a_device_list_entry_this_machine_lacks_is_refused_at_construction_naming_the_entry(
+    make_args, config, overrides, label
+):
+    """On the old code every one was accepted and failed only when the model was placed (after loading, or for
+    MARLHF's critics after pair collection and the reward model's fit)."""
+    import warnings
+
+    import trl_marl
+
+    missing = _missing_device()
+    overrides = {
+        k: [missing if d == "MISSING" else d for d in v]
+        if isinstance(v, list)
+        else (
+            {kk: [missing if d == "MISSING" else d for d in vv] for kk, vv in v.items()} if isinstance(v, dict) else v
+        )
+        for k, v in overrides.items()
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # comparator_devices: the deprecated spelling
+        with pytest.raises(ValueError, match=rf"{label}='{missing}': this machine has .*use one of \['cpu'"):
+            make_args(getattr(trl_marl, config), **overrides)
+
+
+def test_a_device_list_given_as_one_string_or_with_a_none_entry_is_refused(make_args):
+    """A bare string was read letter by letter ("cpu" counted 3 entries; "cuda" passed for 4 agents as c, u, d, a)."""
+    with pytest.raises(ValueError, match=r"agent_devices='cpu' is a string; agent_devices takes a list .*\['cpu'\]"):
+        make_args(parallel_training="mp", agent_devices="cpu")
+    with pytest.raises(ValueError, match=r"agent_devices\[1\]=None is not a device"):
+        make_args(parallel_training="mp", agent_devices=["cpu", None])
+    assert make_args(parallel_training="mp", agent_devices=["cpu", "cpu"]).agent_devices == ["cpu", "cpu"]

@@ -81,3 +81,17 @@ def test_trl_trainer_habits_get_a_pointer(tmp_path, tiny_path):
     grpo = trl.GRPOConfig(output_dir=str(tmp_path / "grpo"), bf16=False, report_to="none")
     with pytest.raises(TypeError, match=r"got GRPOConfig; MAGRPOConfig takes TRL's field names"):
         trl_marl.MAGRPOTrainer(model=tiny_path, reward_funcs=letters_reward, args=grpo, train_dataset=items)
+
+
+@pytest.mark.parametrize("config_name", [n for n in OUR_CONFIGS if n != "MultiAgentConfig"])
+def test_remove_unused_columns_true_is_refused_saying_items_reach_formatters_and_rewards_whole(config_name, tmp_path):
+    """TRL's GRPOTrainer with True keeps only the "prompt" column (its DPOConfig defaults to True); no trainer here
+    drops columns: on the old code True was accepted and ignored (a reward function still got the whole items)."""
+    config_cls = getattr(trl_marl, config_name)
+    with pytest.raises(
+        ValueError,
+        match=r"remove_unused_columns=True is not supported: .*whole to the formatters, the reward functions "
+        r"\(batch_items=\).*dataset.remove_columns",
+    ):
+        config_cls(output_dir=str(tmp_path), report_to="none", remove_unused_columns=True)
+    assert config_cls(output_dir=str(tmp_path), report_to="none").remove_unused_columns is False

@@ -93,9 +93,54 @@ def test_vllm_config_errors_name_the_field(tmp_path, overrides, message):
         MAGRPOConfig(output_dir=str(tmp_path), report_to="none", **{"use_vllm": True, **overrides})
 
 
-def test_vllm_fields_are_unchecked_when_vllm_is_off(tmp_path):
-    args = MAGRPOConfig(output_dir=str(tmp_path), vllm_mode="server", report_to="none")
-    assert args.use_vllm is False and args.vllm_enable_lora is True
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"vllm_mode": "server"}, r"vllm_mode='server' is a vLLM setting, and use_vllm=False samples with "),
+        (
+            {"vllm_server_base_url": "http://127.0.0.1:8001"},
+            r"vllm_server_base_url='http://127.0.0.1:8001' is a vLLM setting, .*set use_vllm=True",
+        ),
+        (
+            {"vllm_server_host": "10.0.0.5", "vllm_server_port": 8001},
+            r"vllm_server_host='10.0.0.5', vllm_server_port=8001 are vLLM settings, .*set use_vllm=True",
+        ),
+        ({"vllm_gpu_memory_utilization": 0.5}, r"vllm_gpu_memory_utilization=0.5 is a vLLM setting"),
+        (
+            {"loss_type": "grpo", "vllm_importance_sampling_mode": "token_mask"},
+            r"vllm_importance_sampling_mode='token_mask' is a vLLM setting",
+        ),
+    ],
+)
+def test_vllm_fields_set_with_vllm_off_are_refused_naming_use_vllm(tmp_path, overrides, message):
+    """With use_vllm=False the run samples with transformers' generate and reads no vLLM field; the old code accepted
+    them silently (vllm_mode='server' trained with generate, never contacting the server)."""
+    with pytest.raises(ValueError, match=message):
+        MAGRPOConfig(output_dir=str(tmp_path), report_to="none", **overrides)
+
+
+def test_vllm_server_fields_outside_server_mode_are_refused(tmp_path):
+    """Colocated engines (`vllm_mode='colocate'`, the default, or what use_vllm='auto' picks) contact no server."""
+    for use_vllm in (True, "auto"):
+        with pytest.raises(ValueError, match=r"vllm_server_base_url='http://h:8000': read in vllm_mode='server' only"):
+            MAGRPOConfig(
+                output_dir=str(tmp_path), use_vllm=use_vllm, vllm_server_base_url="http://h:8000", report_to="none"
+            )
+
+
+def test_vllm_defaults_and_unset_fields_pass_with_vllm_off(tmp_path):
+    """Only values changed from the dataclass defaults count: a default config, or one spelling out a default, passes
+    (every trainer's config); vllm_group_port is TRL's and read by nothing whatever use_vllm is."""
+    import trl_marl
+
+    for name in [n for n in trl_marl.__all__ if n.endswith("Config") and n != "MultiAgentConfig"]:
+        assert getattr(trl_marl, name)(output_dir=str(tmp_path), report_to="none").use_vllm is False
+    args = MAGRPOConfig(
+        output_dir=str(tmp_path), vllm_mode="colocate", vllm_server_port=8000, vllm_group_port=51217, report_to="none"
+    )
+    assert args.use_vllm is False
+    with pytest.raises(ValueError, match=r"use_vllm must be True, False or 'auto', got 0"):
+        MAGRPOConfig(output_dir=str(tmp_path), use_vllm=0, report_to="none")
 
 
 def test_server_mode_and_auto_take_their_fields(tmp_path):

@@ -13,7 +13,7 @@
 | critics | separate critics of the actor-critic trainers, trained like the agents (master weights included) | as the agents |
 | reward model | the joint reward model MARLHF scores rollouts with (whole on every rank under DDP / ZeRO-2) | ZeRO-3, FSDP2 |
 | generation gather | full weights of the ONE agent that generates (ZeRO-3, FSDP2) | (is the gather) |
-| KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows | none |
+| KV cache | one agent's `generate` call (agents generate one after another): rollout_buffer_size x num_generations rows (a config's `completions_per_item`: MADPO's `preference_num_candidates`) | none |
 | activations | every agent's forward graph of one training step, kept until the one backward (logits included; an upper bound for one-process REINFORCE-family runs, which backpropagate one agent at a time: `trl_marl.trainers.agent_losses`, and on CUDA, where scoring holds no logits: `trl_marl.models.fused_head`) | none |
 | training gather | ZeRO-3 / FSDP2 in the training step: two decoder layers of full weights (the one computing and the one prefetched; trl_marl sets ZeRO-3's live-parameter window to one layer, `trl_marl.distributed.zero3.fill_bucket_sizes`) | (is the gather) |
 | loading | host memory while the trainer is built (before the first step): what each rank holds of the agents, references and critics as they are loaded; see below | ZeRO-3 with `zero3_init_flag` |
@@ -333,7 +333,9 @@ def _activation_bytes(cfg, rows: int, seq: int, completion: int, act_bytes: int,
 @dataclass(frozen=True)
 class TrainingShape:
     """The numbers of a training run that the estimate needs; `from_config` reads them from any trainer config
-    (so this module knows nothing of the trainers)."""
+    (so this module knows nothing of the trainers). `num_generations` is the completions each agent samples per
+    task item in one rollout: a config's `completions_per_item` (`num_generations` for the RL trainers,
+    `preference_num_candidates` for MADPO, the larger of the two for MARLHF)."""
 
     num_agents: int = 2
     num_generations: int = 4
@@ -347,6 +349,9 @@ class TrainingShape:
     reference_kl: bool = False
     num_critics: int = 0  # separate critics (actor-critic trainers); 0: none
     reward_model: bool = False  # a joint reward model beside the team (MARLHF)
+    # rows each agent scores per `train_batch_size` unit in a training step; None: num_generations (an item's
+    # samples). MADPO: 2, a pair's chosen and rejected responses (its train_batch_size counts pairs)
+    train_rows_per_item: int | None = None
 
     @classmethod
     def from_config(cls, config: Any) -> TrainingShape:
@@ -357,7 +362,10 @@ class TrainingShape:
         beta = getattr(config, "beta", 0.0) if getattr(config, "uses_trl_loss", False) else 0.0  # TRL's loss-side KL
         return cls(
             num_agents=int(config.num_agents),
-            num_generations=int(getattr(config, "num_generations", 1) or 1),
+            # what the config samples per item (MADPO: preference_num_candidates), else num_generations
+            num_generations=int(
+                getattr(config, "completions_per_item", None) or getattr(config, "num_generations", 1) or 1
+            ),
             rollout_buffer_size=int(config.rollout_buffer_size),
             train_batch_size=getattr(config, "train_batch_size", None),
             max_prompt_length=getattr(config, "max_prompt_length", None),
@@ -371,6 +379,7 @@ class TrainingShape:
             if getattr(config, "uses_separate_critics", False)
             else 0,
             reward_model=hasattr(config, "reward_model_name"),
+            train_rows_per_item=getattr(config, "training_rows_per_item", None),
         )
 
 
@@ -453,7 +462,7 @@ def estimate(
         gather = 0
 
     # training: every agent's graph until the one backward; ZeRO-3 / FSDP2 hold the layer computing and the next
-    train_rows = (config.train_batch_size or config.rollout_buffer_size) * gen
+    train_rows = (config.train_batch_size or config.rollout_buffer_size) * (config.train_rows_per_item or gen)
     checkpointing = config.gradient_checkpointing
     act = n * _activation_bytes(cfg, train_rows, seq, config.max_completion_length, wb, checkpointing)
     training_gather = 2 * layer_parameters(cfg) * wb if engine in ("zero3", "fsdp2") else 0
@@ -510,16 +519,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference_kl", action="store_true")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--rollout_buffer_size", type=int, default=4)
-    p.add_argument("--num_generations", type=int, default=4)
+    p.add_argument("--num_generations", type=int, default=None, help="completions per agent per item (default 4)")
+    p.add_argument(
+        "--preference_num_candidates",
+        type=int,
+        default=None,
+        help="MADPO: candidates per item (instead of --num_generations); training scores a pair's 2 responses",
+    )
+    p.add_argument(
+        "--train_batch_size",
+        type=int,
+        default=None,
+        help="task items per training step (MADPO: pairs); default --rollout_buffer_size",
+    )
     p.add_argument("--max_prompt_length", type=int, default=512)
     p.add_argument("--max_completion_length", type=int, default=256)
     p.add_argument(
         "--no_zero3_init_flag", action="store_true", help="ZeRO-3 with zero3_init_flag: false (every rank loads all)"
     )
     a = p.parse_args(argv)
+    preference = a.preference_num_candidates is not None
+    if preference and a.num_generations is not None:
+        p.error(
+            "--num_generations is the RL trainers' samples per item; MADPO samples --preference_num_candidates per "
+            "item (its num_generations is not read): give one of them"
+        )
     cfg = TrainingShape(
         num_agents=a.num_agents,
-        num_generations=a.num_generations,
+        num_generations=a.preference_num_candidates if preference else (a.num_generations or 4),
+        train_rows_per_item=2 if preference else None,
+        train_batch_size=a.train_batch_size,
         rollout_buffer_size=a.rollout_buffer_size,
         max_prompt_length=a.max_prompt_length,
         max_completion_length=a.max_completion_length,

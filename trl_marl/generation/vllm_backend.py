@@ -33,7 +33,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,6 +55,8 @@ __all__ = [
     "VLLM_DISTRIBUTIONS",
     "VLLM_LORA_RANKS",
     "VLLMTeamGeneration",
+    "VLLM_SERVER_FIELDS",
+    "check_unread_vllm_fields",
     "check_vllm_available",
     "installed_vllm_version",
     "iter_vllm_weights",
@@ -136,6 +138,61 @@ def vllm_sampling_fields() -> frozenset[str] | None:
         keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         names = [n for n, p in inspect.signature(SamplingParams).parameters.items() if p.kind in keyword]
     return frozenset(n for n in names if not n.startswith("_"))
+
+
+# read only by `vllm_mode="server"` (the `trl-marl vllm-serve` clients)
+VLLM_SERVER_FIELDS = ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout")
+# accepted for TRL configs and read by nothing, whatever `use_vllm` is (weights travel over HTTP): not refused
+_ALWAYS_UNREAD = frozenset({"vllm_group_port"})
+
+
+def _changed_vllm_fields(args: Any, names: Iterable[str] | None = None) -> list[str]:
+    """The `vllm_*` fields of `args` (or `names`) that differ from their dataclass defaults, as `name=value`."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(args):
+        if not f.name.startswith("vllm_") or f.name in _ALWAYS_UNREAD or (names is not None and f.name not in names):
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            continue
+        value = getattr(args, f.name)
+        if value != default:
+            out.append(f"{f.name}={value!r}")
+    return out
+
+
+def check_unread_vllm_fields(args: Any) -> None:
+    """Refuse vLLM fields set (to other values than their dataclass defaults) that the run would not read: any with
+    `use_vllm=False` (the run samples with transformers' `generate`), a `vllm_server_*` field outside
+    `vllm_mode="server"` (colocated engines contact no server). ValueError naming the fields and `use_vllm=True` /
+    `vllm_mode="server"`. `use_vllm` itself must be True, False or `"auto"`."""
+    use = args.use_vllm
+    if not (use is True or use is False or use == "auto"):
+        raise ValueError(f"use_vllm must be True, False or 'auto', got {use!r}")
+    if use is False:
+        unread = _changed_vllm_fields(args)
+        if unread:
+            what, it = ("is a vLLM setting", "it") if len(unread) == 1 else ("are vLLM settings", "them")
+            raise ValueError(
+                f"{', '.join(unread)} {what}, and use_vllm=False samples with transformers' generate, which does "
+                f"not read {it} (TRL ignores {it} silently): set use_vllm=True to sample with vLLM (docs/vllm.md), "
+                f"or leave {it} unset"
+            )
+        return
+    if args.vllm_mode != "server":
+        unread = _changed_vllm_fields(args, VLLM_SERVER_FIELDS)
+        if unread:
+            it = "it" if len(unread) == 1 else "them"
+            raise ValueError(
+                f"{', '.join(unread)}: read in vllm_mode='server' only, and with vllm_mode={args.vllm_mode!r} "
+                f"(use_vllm={use!r}) the engines run in the training process and contact no server: to sample "
+                f"through trl-marl vllm-serve set vllm_mode='server' and use_vllm=True, or leave {it} unset"
+            )
 
 
 def validate_vllm_args(args: Any) -> None:

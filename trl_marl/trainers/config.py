@@ -20,9 +20,14 @@ if not torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") is None:
 from trl.trainer.base_config import _BaseConfig  # noqa: E402
 
 from trl_marl.environments.episode import TURN_ORDERS  # noqa: E402
-from trl_marl.generation.vllm_backend import VLLM_MODES, validate_vllm_args  # noqa: E402
+from trl_marl.generation.vllm_backend import VLLM_MODES, check_unread_vllm_fields, validate_vllm_args  # noqa: E402
 from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
-from trl_marl.trainers.config_checks import check_field_values, parse_json_field  # noqa: E402
+from trl_marl.trainers.config_checks import (  # noqa: E402
+    check_devices,
+    check_field_values,
+    check_step_intervals,
+    parse_json_field,
+)  # noqa: E402
 from trl_marl.trainers.per_agent import SAMPLING_FIELDS, agent_value, check_per_agent  # noqa: E402
 from trl_marl.trainers.trl_settings import check_config_kwargs  # noqa: E402
 from trl_marl.utils.deprecation import warn_deprecated  # noqa: E402
@@ -69,6 +74,9 @@ class MultiAgentConfig(_BaseConfig):
     split). `per_device_train_batch_size` is `train_batch_size` (task items, not completions): left unset it follows
     `train_batch_size`; set alone it IS `train_batch_size`; set to another value than `train_batch_size` it is refused.
 
+    `remove_unused_columns` must stay False (TRL's GRPOConfig default; True is refused): task items reach the
+    formatters, reward functions, tools and environments whole.
+
     Values are checked for meaning when the config is built (`trl_marl.trainers.config_checks`): from Python, a
     string is never taken as a bool or a number (`bf16="false"` is refused; the command line and YAML files convert
     their strings first), every float must be finite, and each field has its range (the error names the field, the
@@ -113,7 +121,9 @@ class MultiAgentConfig(_BaseConfig):
         eval_num_samples: task items evaluated per evaluation (`None`: the whole eval dataset).
         eval_batch_size: task items rolled out together during evaluation (`per_device_eval_batch_size`).
         parallel_training: `"none"` (accelerate places everything) or `"mp"` (explicit per-agent devices).
-        agent_devices: one device per agent (or one for all) in `"mp"` mode, e.g. `["cuda:0", "cuda:1"]`.
+        agent_devices: one device per agent (or one for all) in `"mp"` mode, e.g. `["cuda:0", "cuda:1"]`. Each entry
+            of this and of `reference_devices` must be a device this machine has (refused at construction, naming
+            the entry: `config_checks.check_devices`).
         share_base_model: with a `peft_config`, make every agent an adapter on ONE frozen base model (a homogeneous
             team given as `model`): n agents for the memory of about one model; generation runs one call for all
             agents with a per-row adapter; the reference model of the KL penalty is the base with adapters disabled.
@@ -123,6 +133,8 @@ class MultiAgentConfig(_BaseConfig):
         use_vllm: sample with vLLM instead of `model.generate` (TRL's name): True, False, or `"auto"` (colocated
             engines where they were measured faster for the device and the model size, else `model.generate`; the
             choice and why are logged, and `use_vllm` holds it once the trainer is built; `trl_marl.generation.choice`).
+            With False, a `vllm_*` field set to another value than its default is refused (nothing would read it;
+            TRL ignores it), and so is a `vllm_server_*` field outside `vllm_mode="server"`.
             The engines only sample: the loss's log-probs stay computed by the training model, and the gap between
             vLLM's sampled log-probs and the trainer's is logged as `sampling/sampling_logp_difference/{mean,max}`.
             See `docs/vllm.md`.
@@ -178,7 +190,8 @@ class MultiAgentConfig(_BaseConfig):
     )
     logging_steps: float = field(default=1, metadata={"help": "Log every X training steps."})
     remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Kept False: task items reach formatters and rewards whole."}
+        default=False,
+        metadata={"help": "Must be False (True is refused): task items reach formatters, rewards and tools whole."},
     )
     per_device_train_batch_size: int | None = field(
         default=None,
@@ -450,6 +463,15 @@ class MultiAgentConfig(_BaseConfig):
             f"num_train_epochs must be > 0 when max_steps=-1 (training runs num_train_epochs epochs; 0 or less trains "
             f"0 steps), got {self.num_train_epochs}; or set max_steps >= 1",
         )
+        check_step_intervals(self)  # save_steps=0 never saved; transformers accepts it
+        need(
+            not self.remove_unused_columns,
+            "remove_unused_columns=True is not supported: trl_marl's trainers hand every task item whole to the "
+            "formatters, the reward functions (batch_items=), tools and environments (TRL's GRPOTrainer with True "
+            "keeps only the 'prompt' column, starving any of them that reads another; preference data needs all its "
+            "columns). Leave it False (the default, as in TRL's GRPOConfig); to drop columns, call "
+            "dataset.remove_columns(...) or dataset.select_columns(...) before passing the dataset",
+        )
         gas = self.gradient_accumulation_steps
         need(gas >= 1, f"gradient_accumulation_steps must be >= 1 (1: no accumulation), got {gas}")
         nctp = self.num_completions_to_print
@@ -495,6 +517,11 @@ class MultiAgentConfig(_BaseConfig):
             self.parallel_training in PARALLEL_MODES,
             f"parallel_training must be one of {list(PARALLEL_MODES)}, got {self.parallel_training!r}",
         )
+        # each entry a device this machine has, before any model loads ("cuda:0" on a CPU-only machine failed late)
+        check_devices(
+            "agent_devices", self.agent_devices, "with parallel_training='none' accelerate places the agents"
+        )
+        check_devices("reference_devices", self.reference_devices, "each reference beside its agent")
         if self.parallel_training == "mp":
             need(bool(self.agent_devices), "parallel_training='mp' needs agent_devices (one device per agent)")
         if self.agent_devices is not None:
@@ -511,6 +538,7 @@ class MultiAgentConfig(_BaseConfig):
         need(lbs is None or lbs >= 1, f"logprob_batch_size must be None (sized from memory) or >= 1, got {lbs}")
         need(self.eval_interval is None or self.eval_interval >= 1, "eval_interval must be None or >= 1")
         need(self.eval_num_samples is None or self.eval_num_samples >= 1, "eval_num_samples must be None or >= 1")
+        check_unread_vllm_fields(self)  # vLLM fields set for a run that would not read them
         if self.use_vllm:
             validate_vllm_args(self)
         from trl_marl.hub.settings import check_hub_settings
@@ -521,3 +549,15 @@ class MultiAgentConfig(_BaseConfig):
     def steps_per_rollout(self) -> int:
         """Training steps taken on each rollout: `rollout_buffer_size / train_batch_size`."""
         return self.rollout_buffer_size // (self.train_batch_size or self.rollout_buffer_size)
+
+    @property
+    def completions_per_item(self) -> int:
+        """Completions each agent samples per task item in one rollout (`num_generations`; the preference trainers
+        read theirs): the rows per item of one `generate` call (`trl_marl.distributed.memory.estimate`)."""
+        return self.num_generations
+
+    @property
+    def training_rows_per_item(self) -> int:
+        """Rows each agent scores in a training step per `train_batch_size` unit: the item's `num_generations`
+        samples here, a pair's chosen and rejected responses for MADPO (`trl_marl.distributed.memory.estimate`)."""
+        return self.num_generations

@@ -13,7 +13,8 @@
   `inf` is a meaningful setting.
 
 Each config's ranges (`temperature` in [0.01, 100], `beta > 0`, ...) are its own `_validate_multi_agent`'s;
-`check_device` is theirs for a field naming one device (MARLHF's `reward_model_device`).
+`check_device` is theirs for a field naming one device (MARLHF's `reward_model_device`), `check_devices` for a list
+of them (`agent_devices`, `reference_devices`, `critic_devices`, a comparator's `devices`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["INFINITE_ALLOWED", "check_device", "check_field_values", "parse_json_field"]
+__all__ = [
+    "INFINITE_ALLOWED",
+    "check_device",
+    "check_devices",
+    "check_field_values",
+    "check_step_intervals",
+    "parse_json_field",
+]
 
 # Fields where `inf` means something: no clipping threshold that is ever reached / no early termination.
 INFINITE_ALLOWED = frozenset({"max_grad_norm", "early_termination_threshold"})
@@ -131,6 +139,44 @@ def check_field_values(config: Any, per_agent: frozenset[str] | set[str] = froze
                 )
 
 
+# TrainingArguments' step intervals: (field, the strategy field that reads it, what None means where it is allowed)
+_STEP_INTERVALS = (
+    ("logging_steps", "logging_strategy", None),
+    ("eval_steps", "eval_strategy", "every logging_steps steps, transformers' fallback"),
+    ("save_steps", "save_strategy", None),
+)
+
+
+def check_step_intervals(config: Any) -> None:
+    """Refuse a `logging_steps` / `eval_steps` / `save_steps` that transformers accepts under its `"steps"` strategy
+    but cannot honour (a ValueError naming the field and the allowed values): below 1 it is a fraction of the run's
+    training steps, so 0 or a negative value never fires (`save_steps=0` never saved a checkpoint, a negative
+    `eval_steps` evaluated at multiples of the run's length only); above 1 it must be a whole number. transformers
+    reads `eval_steps=0` as unset: write None for that. Under another strategy the field is not read (as in
+    transformers) and not checked."""
+    for name, strategy_name, none_means in _STEP_INTERVALS:
+        strategy = getattr(config, strategy_name, None)
+        if str(getattr(strategy, "value", strategy)) != "steps":
+            continue
+        value = getattr(config, name)
+        if value is None and none_means is not None:
+            continue
+        if value is not None and (0 < value < 1 or (value >= 1 and value == int(value))):
+            continue
+        allowed = "an integer >= 1 (every that many training steps) or a float in (0, 1) (that fraction of the run's "
+        allowed += "training steps)"
+        if none_means is not None:
+            allowed += f", or None ({none_means})"
+        allowed += f"; or set {strategy_name}='no'"
+        if value == 0 and none_means is not None:
+            why = f" (transformers reads {name}=0 as unset: write None for that)"
+        elif value is not None and value <= 0:
+            why = " (transformers takes a value below 1 as a fraction of the run's steps: 0 or less is no interval)"
+        else:
+            why = ""
+        raise ValueError(f"{name}={value!r} with {strategy_name}='steps': {name} must be {allowed}{why}")
+
+
 def _device_backend(kind: str) -> Any:
     """torch's module of an accelerator type (`torch.cuda`, `torch.xpu`, `torch.mps`, ...): None when torch has none."""
     import torch
@@ -150,16 +196,22 @@ def _devices_here() -> list[str]:
     return here
 
 
-def check_device(name: str, value: Any, unset: str = "the trainer's device") -> None:
+def check_device(name: str, value: Any, unset: str = "the trainer's device", *, entry_of: str | None = None) -> None:
     """Refuse a device that this machine does not have (a ValueError naming the field, the value, why, and the
     devices it has): an unknown device type (`"gpu"`), an accelerator torch does not see (`"cuda:0"` on a CPU-only
     machine), or an index past its device count (`"cuda:3"` with 2 GPUs). Otherwise the value is only used after
-    the costly phases before it (MARLHF: pair collection and the reward model's fit). None is always accepted."""
-    if value is None:
+    the costly phases before it (MARLHF: pair collection and the reward model's fit; the agents' placement after
+    they load). None is accepted, except for an entry of the list field `entry_of` (`check_devices`)."""
+    if entry_of is not None:
+        instead = f"use one of {_devices_here()} (or {entry_of}=None: {unset})"
+        if value is None:
+            raise ValueError(f"{name}=None is not a device; {instead}")
+    elif value is None:
         return
+    else:
+        instead = f"use None ({unset}) or one of {_devices_here()}"
     import torch
 
-    instead = f"use None ({unset}) or one of {_devices_here()}"
     try:
         device = torch.device(value)
     except (RuntimeError, TypeError, ValueError) as err:
@@ -177,6 +229,21 @@ def check_device(name: str, value: Any, unset: str = "the trainer's device") -> 
     count = backend.device_count() if hasattr(backend, "device_count") else None
     if device.index is not None and count is not None and device.index >= count:
         raise ValueError(f"{name}={value!r}: this machine has {count} {device.type} device(s); {instead}")
+
+
+def check_devices(name: str, values: Any, unset: str) -> None:
+    """`check_device` for each entry of a device-list field (`agent_devices`, `critic_devices`, ...), the entry named
+    `name[i]`; None (`unset` says what it means) is accepted. A bare string is refused: it is no list (a list of one
+    device places everything there)."""
+    if values is None:
+        return
+    if isinstance(values, str):
+        raise ValueError(
+            f"{name}={values!r} is a string; {name} takes a list of devices: [{values!r}] for one device for all, or "
+            f"one per entry (or {name}=None: {unset})"
+        )
+    for i, value in enumerate(values):
+        check_device(f"{name}[{i}]", value, unset, entry_of=name)
 
 
 def parse_json_field(name: str, text: str, expected: str) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 from trl_marl.models.value_head import CRITIC_TYPES
 from trl_marl.trainers.config import MultiAgentConfig
+from trl_marl.trainers.config_checks import check_devices
 
 __all__ = [
     "ActorCriticConfig",
@@ -254,6 +255,7 @@ def check_actor_critic_fields(cfg: Any, num_critics: int, separate_critics: bool
             "parallel_training='mp' needs critic_devices (one device per critic, or one for all) for the "
             "separate critics",
         )
+    check_devices("critic_devices", cfg.critic_devices, "accelerate places the critics")
     if cfg.critic_devices is not None:
         need(
             len(cfg.critic_devices) in (1, num_critics),

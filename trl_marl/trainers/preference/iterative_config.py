@@ -17,6 +17,7 @@ from trl_marl.plugins.comparator_options import build_options
 from trl_marl.plugins.comparators_protocol import option_name
 from trl_marl.plugins.registry import COMPARATOR_GROUP, load_plugin
 from trl_marl.plugins.replay import make_replay_mode
+from trl_marl.trainers.config_checks import check_devices
 from trl_marl.trainers.preference.madpo import MADPOConfig
 from trl_marl.trainers.preference.marlhf import MARLHFConfig, removed_name
 from trl_marl.trainers.preference.pairs import PAIR_SELECTIONS
@@ -206,6 +207,10 @@ class IterativeConfigMixin:
         options_class = getattr(comparator_class, "options_class", None)
         if options_class is not None:
             built = build_options(options_class, self.comparator_policy, options)
+            # the local comparators' `devices`: each one this machine has, before any model loads
+            check_devices(
+                option_name("devices"), getattr(built, "devices", None), "the comparator's default placement"
+            )
             check_team = getattr(built, "check_team", None)  # optional: the checks that need num_agents
             if check_team is not None:
                 check_team(self.num_agents)

@@ -101,6 +101,17 @@ class PreferenceConfig(MultiAgentConfig):
 
     _allowed_pair_selections = ("reward_gap", "all", "random")
 
+    @property
+    def completions_per_item(self) -> int:
+        """Pair collection samples `preference_num_candidates` joint responses per item (`num_generations` is not
+        read)."""
+        return self.preference_num_candidates
+
+    @property
+    def training_rows_per_item(self) -> int:
+        """`train_batch_size` counts pairs; each agent scores a pair's chosen and rejected response in one forward."""
+        return 2
+
     def _validate_multi_agent(self) -> None:
         super()._validate_multi_agent()
         name = type(self).__name__

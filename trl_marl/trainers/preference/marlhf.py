@@ -171,6 +171,17 @@ class MARLHFConfig(PreferenceConfig):
     )
 
     @property
+    def completions_per_item(self) -> int:
+        """The larger of the two phases' samples per item: pair collection's `preference_num_candidates` and the RL
+        phase's `num_generations`."""
+        return max(self.preference_num_candidates, self.num_generations)
+
+    @property
+    def training_rows_per_item(self) -> int:
+        """The RL phase trains on each item's `num_generations` samples (`train_batch_size` counts task items)."""
+        return self.num_generations
+
+    @property
     def num_critics(self) -> int:
         """The actor-critic backends' critics: one centralized critic (`maac`), one per agent (`iac`)."""
         return self.num_agents if self.rl_algorithm == "iac" else 1
