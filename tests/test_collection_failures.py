@@ -134,3 +134,26 @@ def test_the_chunk_in_progress_is_undone_and_the_finished_ones_kept(tmp_path, ti
     assert "comparator/0" not in t.rng_streams.state_dict()["streams"]  # created inside the failed chunk: undone
     with pytest.raises(ValueError, match="over other chunks of items"), collecting(t, "x", 0, chunks[:1]):
         pass
+
+
+def test_with_several_processes_a_stopped_collection_is_not_saved_and_the_error_says_so(tmp_path):
+    """Several processes (the others may be inside a collective of the chunk and could not join a save): no
+    checkpoint is written, the error says there is none and to start again (docs/failures.md)."""
+    from types import SimpleNamespace
+
+    from trl_marl.trainers.checkpoints import save_after_failure
+
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(output_dir=str(tmp_path), gradient_accumulation_steps=1),
+        state=SimpleNamespace(global_step=0),
+        accelerator=SimpleNamespace(num_processes=2),
+        _step=0,
+        _unsaved_collection=lambda: "the preference pair collection after 1 of its 2 chunks",
+    )
+    error = RewardFunctionError("f", 4, TimeoutError("the reward API did not answer"))
+    save_after_failure(trainer, error)
+    assert list(tmp_path.iterdir()) == []
+    assert error.__notes__ == [
+        "trl_marl: the run stopped at step 0 with no checkpoint to resume from; fix the reward function, then start "
+        "it again"
+    ]

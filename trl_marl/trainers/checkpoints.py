@@ -494,6 +494,7 @@ def save_after_failure(trainer: Any, error: BaseException) -> None:
     folder = os.path.join(args.output_dir, f"checkpoint-{step}")
     savable = trainer._step % args.gradient_accumulation_steps == 0 and trainer.accelerator.num_processes == 1
     collection = trainer._unsaved_collection()
+    then = "resume with train(resume_from_checkpoint=True)"
     if collection is not None and savable:
         note = f"the run stopped at step {step} in {collection}: {_checkpoint_now(trainer)} holds their pairs"
     elif step > 0 and savable:
@@ -502,7 +503,9 @@ def save_after_failure(trainer: Any, error: BaseException) -> None:
         note = f"the run stopped after step {step}: {folder} holds it"
     else:
         latest = latest_complete_checkpoint(args.output_dir, warn=False)
-        note = f"the run stopped at step {step}; the latest checkpoint is {latest or 'none (nothing trained yet)'}"
-    note = f"trl_marl: {note}; {_remedy(error)}, then resume with train(resume_from_checkpoint=True)"
+        note = f"the run stopped at step {step}; the latest checkpoint is {latest}"
+        if latest is None:
+            note, then = f"the run stopped at step {step} with no checkpoint to resume from", "start it again"
+    note = f"trl_marl: {note}; {_remedy(error)}, then {then}"
     logger.warning(note)
     error.add_note(note)
