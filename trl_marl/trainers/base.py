@@ -561,6 +561,11 @@ class MultiAgentTrainer(_BaseTrainer):
         """What this process needs to continue exactly (`trainers.resume_state`)."""
         return checkpoints.resume_state(self)
 
+    def _unsaved_collection(self) -> str | None:
+        """A collection stopped by a failure after some of its chunks, in words, for `save_after_failure` to
+        checkpoint (the preference trainers' pairs); None here."""
+        return None
+
     def _extra_resume_state(self) -> dict:
         """Subclass state beyond `_resume_state` (collected pairs, ...); nothing here."""
         return {}

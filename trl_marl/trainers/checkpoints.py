@@ -355,21 +355,24 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
     (`preemption_covered`: the CLI's final evaluation and save) handles it. A generation engine that stops answering
     in the loop (`GenerationUnavailable`: a dead vLLM server), a reward function that raises (`RewardFunctionError`)
     and a task item without a usable prompt (`trl_marl.rollout.prompts.PromptError`) get a checkpoint at the step
-    boundary before their error is raised (`save_after_failure`)."""
+    boundary before their error is raised (`save_after_failure`); in the middle of a preference pair collection
+    (before the loop, or an iterative round's) the checkpoint holds its finished chunks too."""
     handler = trainer._preemption
     with handler.covering():
         checkpoint = trainer._restore_for_resume(resume_from_checkpoint)
         with trainer._training_context(checkpoint):
-            out = trainer._prepare_training(checkpoint)
-            if out is None:
-                loop_checkpoint = _loop_checkpoint(trainer, checkpoint)
-                # a run resumed from a checkpoint of the loop has done nothing since: that checkpoint is the state
-                stop_if_preempted(trainer, "before the first optimizer step", keep=loop_checkpoint)
-                try:
+            try:
+                out = trainer._prepare_training(checkpoint)
+                trains = out is None
+                if trains:
+                    loop_checkpoint = _loop_checkpoint(trainer, checkpoint)
+                    # a run resumed from a checkpoint of the loop has done nothing since: that checkpoint is the state
+                    stop_if_preempted(trainer, "before the first optimizer step", keep=loop_checkpoint)
                     out = training_loop(loop_checkpoint, *args, **kwargs)
-                except (GenerationUnavailable, RewardFunctionError, PromptError) as exc:  # checkpoint, then raise
-                    save_after_failure(trainer, exc)
-                    raise
+            except (GenerationUnavailable, RewardFunctionError, PromptError) as exc:  # checkpoint, then raise
+                save_after_failure(trainer, exc)
+                raise
+            if trains:
                 if handler.stop_now:
                     exit_preempted(trainer)
                 out = trainer._after_training(out)
@@ -381,14 +384,18 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
 
 def _loop_checkpoint(trainer: Any, checkpoint: str | None) -> str | None:
     """The checkpoint `Trainer.train` resumes from: `checkpoint`, except one written before the first optimizer step
-    (a preemption during pair collection or reward-model fitting). That one holds no optimizer state and the agents
-    are the initial ones: the loop starts afresh from the restored state and the checkpoint's global random states."""
+    (a preemption during pair collection or reward-model fitting, a failure in the middle of the collection). That
+    one holds no optimizer state and the agents are the initial ones: the loop starts afresh from the restored state
+    and the checkpoint's global random states. The random streams stay as restored and advanced since (the rest of a
+    collection stopped in its middle drew from them)."""
     if checkpoint is None:
         return None
     with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
         if json.load(f).get("global_step", 0) > 0:
             return checkpoint
+    streams = trainer.rng_streams.state_dict()
     trainer._load_rng_state(checkpoint)
+    trainer.rng_streams.load_state_dict(streams)
     return None
 
 
@@ -400,14 +407,19 @@ def stop_if_preempted(trainer: Any, when: str, keep: str | None = None) -> None:
     if not _any_process_requested(trainer._preemption, trainer.accelerator):
         return
     trainer._preemption.stop_now = True
+    exit_preempted(trainer, keep or _checkpoint_now(trainer), when)
+
+
+def _checkpoint_now(trainer: Any) -> str:
+    """Write a complete checkpoint of the trainer's state now (replacing one of the same step); before the first
+    optimizer step without optimizer state. Returns its folder."""
     step = trainer.state.global_step
-    path = keep or save_checkpoint_atomically(
+    return save_checkpoint_atomically(
         trainer,
         identity=checkpoint_identity(trainer),
         with_optimizer=step > 0,
         save_model=None if step > 0 else _initial_team_saver(trainer),
     )
-    exit_preempted(trainer, path, when)
 
 
 def _initial_team_saver(trainer: Any) -> Callable[[str], None] | None:
@@ -472,17 +484,28 @@ def save_after_failure(trainer: Any, error: BaseException) -> None:
     (not between micro-steps of gradient accumulation) and in a one-process run (the other processes may be inside a
     collective of the step and could not join the save); there the error names the latest complete checkpoint
     instead, which a resumed run continues from (the steps after it run again).
+
+    In the middle of a preference pair collection with chunks finished (`trainer._unsaved_collection()`: MADPO's and
+    MARLHF's before the loop, an iterative round's), the checkpoint of the current step is written (`checkpoint-0`
+    before the first step; a round-end checkpoint of the same step is replaced by one that holds more) with the
+    collection's progress (`trl_marl.trainers.preference.collection`): the resumed run continues at the failed chunk.
     """
     args, step = trainer.args, trainer.state.global_step
     folder = os.path.join(args.output_dir, f"checkpoint-{step}")
-    at_boundary = trainer._step % args.gradient_accumulation_steps == 0
-    if step > 0 and at_boundary and trainer.accelerator.num_processes == 1:
+    savable = trainer._step % args.gradient_accumulation_steps == 0 and trainer.accelerator.num_processes == 1
+    collection = trainer._unsaved_collection()
+    then = "resume with train(resume_from_checkpoint=True)"
+    if collection is not None and savable:
+        note = f"the run stopped at step {step} in {collection}: {_checkpoint_now(trainer)} holds their pairs"
+    elif step > 0 and savable:
         if checkpoint_status(folder) is not None:
             trainer._save_checkpoint(trainer.model_wrapped, trial=None)
         note = f"the run stopped after step {step}: {folder} holds it"
     else:
         latest = latest_complete_checkpoint(args.output_dir, warn=False)
-        note = f"the run stopped at step {step}; the latest checkpoint is {latest or 'none (nothing trained yet)'}"
-    note = f"trl_marl: {note}; {_remedy(error)}, then resume with train(resume_from_checkpoint=True)"
+        note = f"the run stopped at step {step}; the latest checkpoint is {latest}"
+        if latest is None:
+            note, then = f"the run stopped at step {step} with no checkpoint to resume from", "start it again"
+    note = f"trl_marl: {note}; {_remedy(error)}, then {then}"
     logger.warning(note)
     error.add_note(note)

@@ -38,6 +38,7 @@ from trl_marl.trainers.config import MultiAgentConfig
 from trl_marl.trainers.data import identity_collate
 from trl_marl.trainers.evaluation import final_evaluation
 from trl_marl.trainers.names import check_reward_weights
+from trl_marl.trainers.preference.collection import CollectionProgress, collecting
 from trl_marl.trainers.preference.data_parallel import (
     EpochDataLoader,
     GlobalBatchSampler,
@@ -252,6 +253,19 @@ class PreferenceCollectionMixin:
     # rollout keys; MARLHF's RL rollouts log their LEARNED reward there, so it uses a key of its own (the Trainer
     # averages everything logged under one key between two logging steps).
     candidate_reward_keys: tuple[str, ...] = ("turn_1/reward_mean", "turn_1/expected_return")
+    _collection: CollectionProgress | None = None  # a pair collection under way or stopped by a failure
+
+    def _unsaved_collection(self) -> str | None:
+        return self._collection.describe() if self._collection is not None and self._collection.finished else None
+
+    def _extra_resume_state(self) -> dict:
+        extra = super()._extra_resume_state()
+        return extra if self._collection is None else {**extra, "collection": self._collection.state_dict()}
+
+    def _restore_extra_state(self, checkpoint: str, extra: dict) -> None:
+        super()._restore_extra_state(checkpoint, extra)
+        if extra.get("collection") is not None:  # a checkpoint written when a failure stopped a collection
+            self._collection = CollectionProgress.from_state_dict(extra["collection"])
 
     def pair_from_record(self, record: dict) -> PreferencePair:
         """A training pair from a record (`PreferencePair.to_record()`'s shape, e.g. a round file's entry),
@@ -384,28 +398,36 @@ class PreferenceCollectionMixin:
         ds = self.train_dataset if dataset is None else dataset
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         K, bs, nu = self.args.preference_num_candidates, self.args.rollout_buffer_size, self._rng_round()
-        local: list[tuple[int, tuple[list[PreferencePair], list[float]]]] = []  # (item index, (pairs, rewards))
         was_training = self.model.training
         chunks = collection_chunks(len(ds), bs, rank, world)
-        for indices, filler in progress_bar(chunks, "Collecting preference pairs", trainer_shows_progress(self)):
-            items = [ds[j] for j in indices]
-            with self.rng_streams.scoped("rollout", nu):
-                rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
-            if filler:  # rolled out only to join the other processes' collectives
-                continue
-            self.env_step += rollout.env_steps
-            per_item = pairs_per_item(
-                rollout,
-                self.args.pair_selection,
-                self.args.preference_pairs_per_sample,
-                lambda b, indices=indices: keyed_rng(self.args.seed, "pair_selection", nu, indices[b]),
-                formatters=self.rollout_engine.formatters,
+        # the trainer's own collection keeps its finished chunks through a failure, for the checkpoint (collection.py)
+        with collecting(self, "the preference pair collection", nu, chunks, resumable=dataset is None) as progress:
+            todo = progress_bar(
+                progress.remaining(self, chunks),
+                "Collecting preference pairs",
+                trainer_shows_progress(self),
+                total=len(chunks) - progress.finished,
             )
-            for node, pairs in zip(rollout.nodes, per_item):
-                self._set_completion_ends(pairs)
-                r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)
-                local.append((indices[node.item], (pairs, r.tolist())))
+            for indices, filler in todo:
+                items = [ds[j] for j in indices]
+                with self.rng_streams.scoped("rollout", nu):
+                    rollout = self.rollout_engine.run(items, self.generate, num_generations=K)
+                if filler:  # rolled out only to join the other processes' collectives
+                    continue
+                self.env_step += rollout.env_steps
+                per_item = pairs_per_item(
+                    rollout,
+                    self.args.pair_selection,
+                    self.args.preference_pairs_per_sample,
+                    lambda b, indices=indices: keyed_rng(self.args.seed, "pair_selection", nu, indices[b]),
+                    formatters=self.rollout_engine.formatters,
+                )
+                for node, pairs in zip(rollout.nodes, per_item):
+                    self._set_completion_ends(pairs)
+                    r = node.rewards if node.rewards.ndim == 1 else node.rewards.mean(dim=1)
+                    progress.results.append((indices[node.item], (pairs, r.tolist())))  # (item, (pairs, rewards))
         self.model.train(was_training)
+        local = progress.results
         merged = merge_item_shares(gather_object([local]) if world > 1 else [local])
         pairs = [p for item_pairs, _ in merged for p in item_pairs]
         pairs = usable_pairs(pairs, f"{self._name} (collected)", log=self.accelerator.is_main_process)

@@ -50,6 +50,7 @@ from trl_marl.data_types.rng import keyed_rng
 from trl_marl.plugins.comparators_protocol import check_comparator_output
 from trl_marl.plugins.registry import COMPARATOR_GROUP, load_plugin
 from trl_marl.plugins.replay import make_replay_mode
+from trl_marl.trainers.preference.collection import collecting
 from trl_marl.trainers.preference.data_parallel import collection_chunks, merge_item_shares
 from trl_marl.trainers.preference.pair_checks import usable_pairs
 from trl_marl.trainers.preference.pairs import PreferencePair, select_aligned_pairs
@@ -263,67 +264,20 @@ class RoundDriver:
         """Round nu's pairs: the current agents' candidates against the comparator's, scored, selected per item;
         every process's items gathered, in item order (the same list on every process)."""
         t = self.trainer
-        a, n = t.args, t.num_agents
-        K, Kc = a.preference_num_candidates, self.comparator_candidates
+        a = t.args
         rank, world = t.accelerator.process_index, t.accelerator.num_processes
-        # (item index, (pairs, target rewards, comparator rewards)) of this process's items
-        local: list[tuple[int, tuple[list[PreferencePair], list[float], list[float]]]] = []
         chunks = collection_chunks(len(t.train_dataset), a.rollout_buffer_size, rank, world)
-        for indices, filler in progress_bar(chunks, f"Round {nu}: collecting pairs", trainer_shows_progress(t)):
-            # a filler chunk runs every step (generation and scoring may be collectives) and keeps nothing
-            items = [t.train_dataset[j] for j in indices]
-            with t.rng_streams.scoped("rollout", nu):
-                rollout = t.rollout_engine.run(items, t.generate, num_generations=K)
-            env_steps = rollout.env_steps
-            prompts_per_agent = [[node.prompts[i] for node in rollout.nodes] for i in range(n)]
-            task_prompts = [
-                t.rollout_engine.task_prompt(item, node.prompts) for item, node in zip(items, rollout.nodes)
-            ]
-            # target side scores (rescored when the oracle is not the task reward)
-            t_proc, t_raw = self._target_scores(rollout, items)
-            with t.rng_streams.scoped("comparator", nu):  # its draws never shift the training stream's
-                joint = self.comparator.generate(items, prompts_per_agent, Kc, t)
-            joint = check_comparator_output(
-                joint, num_items=len(items), num_candidates=Kc, num_agents=n, name=self.comparator_name
+        # a failure keeps the finished chunks for its checkpoint (collection.py)
+        with collecting(t, f"round {nu}'s pair collection", nu, chunks) as progress:
+            todo = progress_bar(
+                progress.remaining(t, chunks),
+                f"Round {nu}: collecting pairs",
+                trainer_shows_progress(t),
+                total=len(chunks) - progress.finished,
             )
-            flat = [(b, c) for b in range(len(items)) for c in range(Kc) if joint[b][c] is not None]
-            c_proc: list[list[float | None]] = [[None] * Kc for _ in items]
-            c_raw: list[list[float | None]] = [[None] * Kc for _ in items]
-            # a sharded reward-model oracle is a collective: called (with no rows) even where no candidate is left
-            if flat or t.collective_generation:
-                comps = [[joint[b][c][i] for b, c in flat] for i in range(n)]
-                proc, raw = self._comparator_scores(
-                    comps, [task_prompts[b] for b, _ in flat], [items[b] for b, _ in flat]
-                )
-                env_steps += len(flat)
-                for (b, c), p, r in zip(flat, _shared_list(proc), _shared_list(raw)):
-                    c_proc[b][c], c_raw[b][c] = p, r
-            if filler:
-                continue
-            t.env_step += env_steps
-            for b, node in enumerate(rollout.nodes):
-                # the random selection is keyed by (round, item): the same whichever process collects the item
-                rng = keyed_rng(a.seed, "pair_selection", nu, indices[b])
-                kept = select_aligned_pairs(t_proc[b], c_proc[b], a.pair_selection, a.preference_pairs_per_sample, rng)
-                present = [t_proc[b][c] for c in range(min(K, Kc))] + [
-                    v for v in c_proc[b][: min(K, Kc)] if v is not None
-                ]
-                mean = sum(present) / len(present)
-                pairs = [
-                    self._aligned_pair(
-                        rollout,
-                        node,
-                        joint[b][c],
-                        c,
-                        target_wins,
-                        (t_proc[b][c], c_proc[b][c]),
-                        (t_raw[b][c], c_raw[b][c]),
-                        mean,
-                    )
-                    for c, target_wins in kept
-                ]
-                comp = [v for v in c_proc[b] if v is not None]
-                local.append((indices[b], (pairs, list(t_proc[b]), comp)))
+            for indices, filler in todo:
+                progress.results += self._collect_chunk(nu, indices, filler)
+        local = progress.results
         # every process's pairs in item order: what one process collecting every item builds
         merged = merge_item_shares(gather_object([local]) if world > 1 else [local])
         pairs = [p for item_pairs, _, _ in merged for p in item_pairs]
@@ -339,6 +293,63 @@ class RoundDriver:
         if failures is not None:
             m["iter/comparator_parse_failures"].append(float(failures))
         return pairs
+
+    def _collect_chunk(self, nu: int, indices: list[int], filler: bool) -> list[tuple[int, tuple]]:
+        """Round nu's comparisons for the items `indices` of one chunk: this process's
+        `(item index, (pairs, target rewards, comparator rewards))` per item; none for a filler chunk, which runs
+        every step (generation and scoring may be collectives) and keeps nothing."""
+        t = self.trainer
+        a, n = t.args, t.num_agents
+        K, Kc = a.preference_num_candidates, self.comparator_candidates
+        items = [t.train_dataset[j] for j in indices]
+        with t.rng_streams.scoped("rollout", nu):
+            rollout = t.rollout_engine.run(items, t.generate, num_generations=K)
+        env_steps = rollout.env_steps
+        prompts_per_agent = [[node.prompts[i] for node in rollout.nodes] for i in range(n)]
+        task_prompts = [t.rollout_engine.task_prompt(item, node.prompts) for item, node in zip(items, rollout.nodes)]
+        # target side scores (rescored when the oracle is not the task reward)
+        t_proc, t_raw = self._target_scores(rollout, items)
+        with t.rng_streams.scoped("comparator", nu):  # its draws never shift the training stream's
+            joint = self.comparator.generate(items, prompts_per_agent, Kc, t)
+        joint = check_comparator_output(
+            joint, num_items=len(items), num_candidates=Kc, num_agents=n, name=self.comparator_name
+        )
+        flat = [(b, c) for b in range(len(items)) for c in range(Kc) if joint[b][c] is not None]
+        c_proc: list[list[float | None]] = [[None] * Kc for _ in items]
+        c_raw: list[list[float | None]] = [[None] * Kc for _ in items]
+        # a sharded reward-model oracle is a collective: called (with no rows) even where no candidate is left
+        if flat or t.collective_generation:
+            comps = [[joint[b][c][i] for b, c in flat] for i in range(n)]
+            proc, raw = self._comparator_scores(comps, [task_prompts[b] for b, _ in flat], [items[b] for b, _ in flat])
+            env_steps += len(flat)
+            for (b, c), p, r in zip(flat, _shared_list(proc), _shared_list(raw)):
+                c_proc[b][c], c_raw[b][c] = p, r
+        if filler:
+            return []
+        t.env_step += env_steps
+        results = []
+        for b, node in enumerate(rollout.nodes):
+            # the random selection is keyed by (round, item): the same whichever process collects the item
+            rng = keyed_rng(a.seed, "pair_selection", nu, indices[b])
+            kept = select_aligned_pairs(t_proc[b], c_proc[b], a.pair_selection, a.preference_pairs_per_sample, rng)
+            present = [t_proc[b][c] for c in range(min(K, Kc))] + [v for v in c_proc[b][: min(K, Kc)] if v is not None]
+            mean = sum(present) / len(present)
+            pairs = [
+                self._aligned_pair(
+                    rollout,
+                    node,
+                    joint[b][c],
+                    c,
+                    target_wins,
+                    (t_proc[b][c], c_proc[b][c]),
+                    (t_raw[b][c], c_raw[b][c]),
+                    mean,
+                )
+                for c, target_wins in kept
+            ]
+            comp = [v for v in c_proc[b] if v is not None]
+            results.append((indices[b], (pairs, list(t_proc[b]), comp)))
+        return results
 
     def _target_scores(self, rollout, items) -> tuple[list[list[float]], list[list[float]]]:
         """(processed, raw) scores of the current agents' joint responses, per item: the rollout's task rewards, or
