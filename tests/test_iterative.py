@@ -393,6 +393,79 @@ def test_comparator_text_with_invalid_unicode_is_stored_and_replayed(tmp_path, s
                     assert own_ids.tolist() == t.tokenize_completion(i, original).tolist()
 
 
+def _strict_json(path) -> object:
+    """A JSON file as a strict parser reads it: UTF-8 without invalid bytes, and no string holding a lone surrogate
+    (a `\\udXXX` escape that no pair completes, which e.g. orjson, serde_json and pyarrow refuse)."""
+    from trl_marl.data_types.text import valid_texts
+
+    data = json.loads(path.read_bytes().decode("utf-8", errors="strict"))
+    assert valid_texts(data) == data, f"{path} holds a lone surrogate"
+    return data
+
+
+class _StatefulComparator(_InvalidUnicodeComparator):
+    """Keeps its last answer in its state (a cache of an API's text, say)."""
+
+    def __init__(self):
+        self.last = None
+
+    def generate(self, items, prompts_per_agent, num_candidates, trainer):
+        out = super().generate(items, prompts_per_agent, num_candidates, trainer)
+        self.last = out[0][0][0]
+        return out
+
+    def state_dict(self):
+        return {"last": self.last}
+
+    def load_state_dict(self, state):
+        self.last = state["last"]
+
+
+def test_checkpoint_state_files_are_strict_json_with_invalid_unicode_and_the_run_resumes(
+    tmp_path, small_items, tiny_path, caplog
+):
+    """Audit: `iterative_state.json` wrote a replay folder's name that is not UTF-8 (a lone surrogate, as Python
+    reads such a name) as a JSON `\\udcff` escape, which strict parsers refuse (old code: that escape). A round's
+    path is a record only (the resume reads the checkpoint's copy), so it is written as U+FFFD; the comparator's
+    text with lone surrogates never reaches the state files (round files hold it as U+FFFD, trainer_state.json
+    numbers). A comparator's own state is what it resumes with: kept exactly, and warned of."""
+    replay = tmp_path / "replay-\udcff"
+    common = dict(save_strategy="steps", preference_replay_dir=str(replay), lr_scheduler_type="constant")
+    t = MADPOIterTrainer(
+        model=tiny_path,
+        reward_funcs=letters_reward,
+        args=iter_args(tmp_path, **common),
+        train_dataset=small_items,
+        comparator=_InvalidUnicodeComparator(),
+    )
+    t.train()
+    out = tmp_path / "out"
+    ckpt = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+    state = _strict_json(ckpt / "iterative_state.json")
+    assert [r["path"] for r in state["rounds"]] == [f"{tmp_path}/replay-\ufffd/iteration_000{k}.json" for k in (1, 2)]
+    for path in [*out.rglob("*.json"), *replay.glob("*.json")]:  # trainer_state.json and the round files too
+        _strict_json(path)
+
+    resumed = MADPOIterTrainer(
+        model=tiny_path,
+        reward_funcs=letters_reward,
+        args=iter_args(tmp_path, num_rounds=3, **common),
+        train_dataset=small_items,
+        comparator=_StatefulComparator(),
+    )
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    assert resumed.rounds.completed == 3 and (replay / "iteration_0003.json").is_file()
+    assert [r["path"] for r in resumed.rounds.stored] == [str(replay / f"iteration_000{k}.json") for k in (1, 2, 3)]
+
+    folder = tmp_path / "state"
+    with caplog.at_level("WARNING", logger="trl_marl.trainers.preference.rounds"):
+        resumed.rounds.save_state(str(folder))
+    assert "holds invalid unicode (a lone surrogate)" in caplog.text and "valid_texts" in caplog.text
+    resumed.rounds.comparator.last = None
+    resumed.rounds.load_state(str(folder))
+    assert resumed.rounds.comparator.last == "ok \ud800 0 0"  # restored exactly: what it resumes with
+
+
 # ---------------------------------------------------------------- API comparator end to end
 class _Handler(http.server.BaseHTTPRequestHandler):
     seen: list = []

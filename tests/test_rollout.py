@@ -222,3 +222,44 @@ def test_valid_text_replaces_lone_surrogates_and_keeps_valid_text():
     assert fixed["k\ufffd"][:1] == ["x\ufffd"] and fixed["k\ufffd"][1] == ("é", 1, None)
     assert fixed["reward"] == 0.5 and fixed["ids"] is record["ids"]
     assert "\ufffd".join(fixed).encode("utf-8")  # every text encodes
+
+
+def test_a_formatter_that_returns_another_kind_of_prompt_for_a_later_item_names_both_items(tiny_tokenizer):
+    """Audit: a custom formatter's chat messages for one item and a string for another were rendered and generated
+    from with one chat setting per agent (`PromptRenderer.chat`, with which preference pairs are re-tokenized) and
+    per batch (its first row's): the other kind was mis-tokenized, silently (old code: no error). A transition's
+    later-turn prompts may be of another kind (each is tokenized as its own kind)."""
+    from trl_marl.rollout.prompts import PromptError, PromptRenderer
+
+    def chat_for_odd(item):
+        text = f"Write about {item['topic']}."
+        return [{"role": "user", "content": text}] if item["topic"] % 2 else text
+
+    engine = JointRollout.__new__(JointRollout)
+    engine.formatters, engine.num_agents = [chat_for_odd], 1
+    engine.render = PromptRenderer([tiny_tokenizer])
+    assert engine.first_prompts({"topic": 2}) == ["Write about 2."]
+    assert engine.first_prompts({"topic": 4}) == ["Write about 4."]
+    with pytest.raises(
+        PromptError,
+        match=r"^the task item \{'topic': 3\}: the prompt that agent 1's formatter returns is chat messages, but for "
+        r"the task item \{'topic': 2\} it returned a string; an agent's prompts must all be one kind: .* wrap each "
+        r"string s as \[\{'role': 'user', 'content': s\}\], or drop the items of the other kind$",
+    ):
+        engine.first_prompts({"topic": 3})
+    assert engine.render(0, [{"role": "user", "content": "a transition's prompt"}]).chat
+
+
+def test_a_batch_mixing_chat_template_text_and_plain_strings_tokenizes_each_as_its_kind():
+    """Audit: `prompt_token_ids` tokenized a whole batch with its first row's setting (TRL's
+    `is_conversational(inputs[0])`): a plain string after chat-template text lost its special tokens, and vice
+    versa (old code: [[5], [5]] and [[1, 5], [1, 5]])."""
+    from trl_marl.generation.engine import prompt_token_ids
+
+    def tokenizer(texts, add_special_tokens):
+        return {"input_ids": [([1] if add_special_tokens else []) + [5] for _ in texts]}
+
+    chat = PromptText("<|user|>hi")
+    chat.chat = True
+    assert prompt_token_ids(tokenizer, [chat, PromptText("hi"), "hi", chat], None) == [[5], [1, 5], [1, 5], [5]]
+    assert prompt_token_ids(tokenizer, ["hi", chat], None) == [[1, 5], [5]]

@@ -435,6 +435,71 @@ def test_the_eval_dataset_and_the_agents_reading_the_column_are_named(make_args,
         )
 
 
+def _json(rows):
+    """`rows` as a Dataset whose prompt column is `datasets.Json` (what a JSON file mixing the kinds loads as)."""
+    from datasets import Dataset, Features, Json, Value
+
+    return Dataset.from_list(rows, features=Features({"prompt": Json(), "topic": Value("string")}))
+
+
+@pytest.mark.parametrize("kind", ["list", "Json Dataset", "list of chat rows"])
+def test_a_prompt_column_mixing_strings_and_chat_messages_is_refused_naming_the_first_row_of_each_kind(
+    make_args, kind
+):
+    """Audit: a column mixing plain strings and chat messages was rolled out batch by batch with one setting (a
+    batch's first row decides whether its prompts are tokenized with special tokens, as TRL's
+    `is_conversational(inputs[0])`): the other kind's rows were mis-tokenized, silently (old code: construction went
+    on to load the missing model)."""
+    chat = kind == "list of chat rows"
+    other = "Write about topic 5." if chat else [{"role": "user", "content": "Write about topic 5."}]
+    rows = _topics(bad={5: other, 7: other}, chat=chat)
+    first, second = ("chat messages", "a string") if chat else ("a string", "chat messages")
+    with pytest.raises(
+        ValueError,
+        match=rf"^train_dataset\[0\]\['prompt'\] is {first} but train_dataset\[5\]\['prompt'\] is {second} \(the first "
+        r"row of each kind\); the default formatter makes the column the prompt of agents 1, 2, and an agent's prompts "
+        r"must all be one kind: .* Make them all one kind, e.g. wrap each string s as \[\{'role': 'user', "
+        r"'content': s\}\]. Every row's prompt is checked when the trainer is built$",
+    ):
+        build(make_args, _json(rows) if kind == "Json Dataset" else rows)
+
+
+def test_a_train_and_an_eval_dataset_of_different_kinds_are_refused(make_args):
+    """A plain-string training set with a chat-message eval set mixes the kinds of one agent's prompts (old code:
+    the first evaluation, after training, tokenized them with the setting training had left)."""
+    from datasets import Dataset
+
+    with pytest.raises(
+        ValueError,
+        match=r"^train_dataset\[0\]\['prompt'\] is a string but eval_dataset\[0\]\['prompt'\] is chat messages",
+    ):
+        build(make_args, Dataset.from_list(_topics()), eval_dataset=Dataset.from_list(_topics(4, chat=True)))
+    with pytest.raises(
+        ValueError,
+        match=r"^eval_dataset\[0\]: the prompt that the formatter of agent 2 \(.*\) returns is chat messages, but on "
+        r"train_dataset\[0\] it returns a string; an agent's prompts must all be one kind",
+    ):  # a custom formatter: compared on each dataset's first item (the rollout compares every later one)
+
+        def chat_on_eval(item):
+            return [{"role": "user", "content": item["prompt"]}] if item.get("eval") else item["prompt"]
+
+        evaluation = [{**row, "eval": True} for row in _topics(4)]
+        build(make_args, _topics(), eval_dataset=evaluation, formatters=[lambda item: item["prompt"], chat_on_eval])
+
+
+def test_a_bad_prompt_in_a_json_column_is_named_and_chat_messages_nested_as_json_pass(make_args):
+    """A `datasets.Json` column holds JSON text: its rows were checked as that text (old code: `""` read as the
+    non-empty text '""' passed, and chat messages of a `List(Json())` column were refused as 'a list whose entry 0 is
+    a str'). They are checked as the rows read them."""
+    from datasets import Dataset, Features, Json, List, Value
+
+    with pytest.raises(ValueError, match=r"^train_dataset\[3\]\['prompt'\] is an empty string; "):
+        build(make_args, _json(_topics(bad={3: ""})))
+    features = Features({"prompt": List(Json()), "topic": Value("string")})
+    with pytest.raises(FileNotFoundError, match="model folder not found"):
+        build(make_args, Dataset.from_list(_topics(chat=True), features=features))
+
+
 def echo(text: str) -> str:
     """Repeat a text.
 
@@ -446,17 +511,23 @@ def echo(text: str) -> str:
 
 @pytest.mark.parametrize(
     "dataset",
-    ["Dataset", "list", "chat Dataset", "chat list", "filtered Dataset", "shuffled Dataset", "agentic"],
-)
+    ["Dataset", "list", "chat Dataset", "chat list", "filtered Dataset", "shuffled Dataset", "Json Dataset", "agentic",
+     "agentic mixed"],
+)  # fmt: skip
 def test_valid_prompts_pass_the_row_checks(make_args, dataset):
     """Plain and conversational prompts, as a Dataset or a list; a Dataset whose bad rows a `filter` dropped (its
     table still holds them) or that is shuffled; an agentic team's empty prompts (the environment's reset() adds the
-    task): every check passes and construction goes on to load the (missing) model."""
+    task; it makes a string a user message, so its prompts may mix the kinds): every check passes and construction
+    goes on to load the (missing) model."""
     from datasets import Dataset
 
     kw = {}
     if dataset == "agentic":
         rows, kw["tools"] = _topics(bad={k: "" for k in range(8)}), [echo]
+    elif dataset == "agentic mixed":
+        rows, kw["tools"] = _topics(bad={3: [{"role": "user", "content": "Hi"}]}), [echo]
+    elif dataset == "Json Dataset":
+        rows = _json(_topics(chat=True))
     elif dataset.startswith("chat"):
         rows = _topics(chat=True)
     elif dataset == "filtered Dataset":

@@ -87,7 +87,7 @@ class SamplingSettings:
 
 def prompt_token_ids(tokenizer: Any, prompts: Sequence[PromptText], max_prompt_length: int | None) -> list[list[int]]:
     """The token ids an engine generates from: a prompt's own `token_ids` when it carries them
-    (`PromptText.of_ids`), else the tokenized text (no special tokens after a chat template), left-cut to
+    (`PromptText.of_ids`), else the tokenized text (no special tokens after a chat template, row by row), left-cut to
     `max_prompt_length`. Invalid unicode in a text (a lone surrogate from an environment's or a tool's text, which
     the tokenizer refuses) is tokenized as U+FFFD (`valid_text`)."""
     if not prompts:
@@ -95,11 +95,12 @@ def prompt_token_ids(tokenizer: Any, prompts: Sequence[PromptText], max_prompt_l
     given = [getattr(p, "token_ids", None) for p in prompts]  # plain strings are prompts too
     text_rows = [i for i, ids in enumerate(given) if ids is None]
     rows: list[list[int]] = [list(ids) if ids is not None else [] for ids in given]
-    if text_rows:
-        chat = getattr(prompts[text_rows[0]], "chat", False)
-        encoded = tokenizer([valid_text(str(prompts[i])) for i in text_rows], add_special_tokens=not chat)["input_ids"]
-        for i, ids in zip(text_rows, encoded):
-            rows[i] = list(ids)
+    for chat in (False, True):  # each row as its kind: a batch may mix chat-template text and plain strings
+        kind = [i for i in text_rows if bool(getattr(prompts[i], "chat", False)) == chat]
+        if kind:
+            encoded = tokenizer([valid_text(str(prompts[i])) for i in kind], add_special_tokens=not chat)["input_ids"]
+            for i, ids in zip(kind, encoded):
+                rows[i] = list(ids)
     return [r[-max_prompt_length:] if max_prompt_length is not None else r for r in rows]
 
 

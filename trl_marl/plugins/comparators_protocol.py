@@ -60,7 +60,9 @@ class Comparator(Protocol):
       `generate` call (`iteration` counts rounds from 1). `current_copy` copies the actor weights here, `history`
       picks the checkpoint here.
     - `state_dict() -> dict` / `load_state_dict(state: dict) -> None`: JSON-able state saved in and restored from
-      training checkpoints (for example `current`'s separate RNG stream). Never put credentials in it.
+      training checkpoints (for example `current`'s separate RNG stream), exactly; its texts should be valid unicode
+      (`trl_marl.data_types.text.valid_texts`: a lone surrogate is restored but strict JSON parsers refuse the
+      file, and the trainer warns). Never put credentials in it.
     - `close() -> None`: release resources (HTTP connections, comparator models) when training ends.
 
     Attributes:

@@ -21,7 +21,7 @@ from trl_marl.data_types.rollout import GenerationOutput, Node, Rollout, Sample,
 from trl_marl.data_types.text import PromptText
 from trl_marl.distributed.collective import any_over_processes
 from trl_marl.rewards import RewardFunction
-from trl_marl.rollout.prompts import PromptError, describe_item, format_item
+from trl_marl.rollout.prompts import PromptError, describe_item, format_item, one_kind_rule, prompt_kind
 
 __all__ = ["logger", "JOINT_MODES", "TREE_WARN_SIZE", "GenerateFn", "tree_size", "JointRollout"]
 
@@ -144,8 +144,25 @@ class JointRollout:
 
     def first_prompts(self, item: dict) -> list[PromptText]:
         """Every agent's rendered prompt for `item`; a prompt that cannot be generated from raises `PromptError`
-        naming the item and the agent."""
-        return [self._rendered(i, self.format(i, item), item) for i in range(self.num_agents)]
+        naming the item and the agent, and so does one of another kind than the agent's first (`one_kind`)."""
+        return [self._rendered(i, self.one_kind(i, self.format(i, item), item), item) for i in range(self.num_agents)]
+
+    def one_kind(self, i: int, formatted: Any, item: dict) -> Any:
+        """`formatted`, agent i's formatter's output for `item`, when it is of the kind (`prompt_kind`) of the first
+        one this rollout met; else `PromptError`, naming both items: the trainer keeps one chat setting per agent
+        (`PromptRenderer.chat`, with which preference pairs are re-tokenized). A custom formatter's output is seen
+        only here (a default formatter's column is checked at construction: `check_prompt_column`); a transition's
+        later-turn prompts may be of another kind (each prompt is tokenized as its kind: `prompt_token_ids`)."""
+        kinds = self.__dict__.setdefault("_first_kinds", {})  # agent -> (kind, the item it was first met in)
+        kind, first = prompt_kind(formatted), kinds.get(i)
+        if first is None and kind != "no prompt":
+            kinds[i] = (kind, describe_item(item))
+        elif first is not None and kind not in (first[0], "no prompt"):
+            raise PromptError(
+                f"{describe_item(item)}: the prompt that agent {i + 1}'s formatter returns is {kind}, but for "
+                f"{first[1]} it returned {first[0]}; {one_kind_rule()}, or drop the items of the other kind"
+            )
+        return formatted
 
     def _rendered(self, i: int, formatted: Any, item: dict, turn: int | None = None) -> PromptText:
         """`render(i, formatted)`; its `PromptError` names `item` (and the transition's `turn`, for its prompts)."""

@@ -11,6 +11,8 @@ __all__ = [
     "prompt_rule",
     "PromptError",
     "prompt_problem",
+    "prompt_kind",
+    "one_kind_rule",
     "describe_item",
     "render_prompt",
     "PromptRenderer",
@@ -62,6 +64,24 @@ def prompt_problem(value: Any, allow_empty: bool = False) -> str | None:
     if value is None:
         return "is None (missing)"
     return f"is {_a(value)}, not a string or chat messages"
+
+
+def prompt_kind(value: Any) -> str:
+    """The kind of a prompt (a prompt column's value, a formatter's output): `"a string"`, `"chat messages"` (a list,
+    rendered through the agent's chat template), or `"no prompt"` (`prompt_problem` says what is wrong with it)."""
+    if isinstance(value, str):
+        return "a string"
+    return "chat messages" if isinstance(value, (list, tuple)) else "no prompt"
+
+
+def one_kind_rule() -> str:
+    """Why an agent's prompts must all be one kind (`prompt_kind`) and how to make them so, for error messages."""
+    return (
+        "an agent's prompts must all be one kind: chat messages go through its chat template and are tokenized "
+        "without special tokens, a string is tokenized as is, with them, and the trainer keeps one setting per "
+        "agent (TRL decides it from a batch's first row). Make them all one kind, e.g. wrap each string s as "
+        "[{'role': 'user', 'content': s}]"
+    )
 
 
 def describe_item(item: Any) -> str:

@@ -11,7 +11,14 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trl_marl.rollout.prompts import default_formatter, formatter_failure, prompt_problem, prompt_rule
+from trl_marl.rollout.prompts import (
+    default_formatter,
+    formatter_failure,
+    one_kind_rule,
+    prompt_kind,
+    prompt_problem,
+    prompt_rule,
+)
 
 __all__ = [
     "agent_sources",
@@ -25,6 +32,7 @@ __all__ = [
     "check_prompt_column",
     "refuse_dataset_dict",
     "first_bad_prompts",
+    "prompt_kinds",
     "column_names",
     "apply_wandb_config",
 ]
@@ -130,9 +138,11 @@ def check_run_arguments(
     if eval_dataset is not None and len(eval_dataset) == 0:
         raise ValueError("eval_dataset is empty; pass None to disable evaluation")
     # an agentic item's prompt may be empty: its environment's reset() adds the task (TRL's placeholder rows)
+    # (and its string prompt becomes a user message: its prompts may mix strings and chat messages)
     allow_empty = agentic is not None
-    check_formatters_on_first_items(formatters, train_dataset=train_dataset, eval_dataset=eval_dataset)
-    check_prompt_column(formatters, allow_empty=allow_empty, train_dataset=train_dataset, eval_dataset=eval_dataset)
+    datasets = {"train_dataset": train_dataset, "eval_dataset": eval_dataset}
+    check_formatters_on_first_items(formatters, one_kind=not allow_empty, **datasets)
+    check_prompt_column(formatters, allow_empty=allow_empty, one_kind=not allow_empty, **datasets)
     if args.parallel_training == "mp" and args.agent_devices and len(args.agent_devices) not in (1, n):
         raise ValueError(f"agent_devices has {len(args.agent_devices)} entries; give 1 or num_agents={n}")
 
@@ -197,12 +207,15 @@ def check_sharded_scoring(args: Any, sharded: bool) -> None:
         )
 
 
-def check_formatters_on_first_items(formatters: Sequence[Callable], **datasets: Any) -> None:
+def check_formatters_on_first_items(formatters: Sequence[Callable], one_kind: bool = True, **datasets: Any) -> None:
     """Every agent's formatter on the first item of each dataset, at construction: a missing column fails now, naming
     the dataset, the agent and the formatter, not at the first evaluation after training; so does a formatter that
-    returns no prompt at all (None, a number, a message without a 'role'). An empty prompt is left to
+    returns no prompt at all (None, a number, a message without a 'role'), and, with `one_kind`, one that returns
+    a string on one dataset's first item and chat messages on another's (`one_kind_rule`; the rollout compares
+    every later item's with the first: `JointRollout.one_kind`). An empty prompt is left to
     `check_prompt_column` (the default formatter's column) and to the rollout (`PromptRenderer`): an agentic item's
     may be empty, and so may a preference pair's, which only an evaluation generates from."""
+    kinds: dict[int, tuple[str, str]] = {}  # agent -> (the kind of its first prompt, the dataset)
     for which, ds in datasets.items():
         if ds is None:
             continue
@@ -216,38 +229,63 @@ def check_formatters_on_first_items(formatters: Sequence[Callable], **datasets: 
                     f"every item of {which} (add the column, or pass formatters that read the columns it has)"
                 ) from exc
             problem = None if formatter is default_formatter else prompt_problem(formatted, allow_empty=True)
+            name = getattr(formatter, "__qualname__", type(formatter).__name__)
             if problem is not None:  # (the default formatter's column is checked in every row: check_prompt_column)
-                name = getattr(formatter, "__qualname__", type(formatter).__name__)
                 raise ValueError(
                     f"{which}[0]: the prompt that the formatter of agent {i + 1} ({name}) returns {problem}; "
                     f"{prompt_rule()}"
                 )
+            if formatter is default_formatter or not one_kind:  # (its column's kinds: check_prompt_column)
+                continue
+            kind = prompt_kind(formatted)
+            first = kinds.setdefault(i, (kind, which))
+            if kind != first[0]:
+                raise ValueError(
+                    f"{which}[0]: the prompt that the formatter of agent {i + 1} ({name}) returns is {kind}, but on "
+                    f"{first[1]}[0] it returns {first[0]}; {one_kind_rule()}"
+                )
 
 
-def check_prompt_column(formatters: Sequence[Callable], allow_empty: bool = False, **datasets: Any) -> None:
+def check_prompt_column(
+    formatters: Sequence[Callable], allow_empty: bool = False, one_kind: bool = True, **datasets: Any
+) -> None:
     """The `prompt` column of every row of each dataset, at construction, for the agents whose formatter is the
     default one (it returns `item["prompt"]` as is): one bad row would stop the run when it is sampled, maybe hours
-    in. Read as one Arrow column for a `datasets.Dataset` (100,000 rows: 1-2 ms, 7-22 ms through a `shuffle` or
-    `filter`), row by row for a list of dicts (50-75 ms); other datasets are left to the rollout (`PromptRenderer`
-    names the item that fails). A custom formatter's output is checked on the first item only
-    (`check_formatters_on_first_items`), and what a chat template or a tokenizer makes of a prompt when the item
-    is rolled out."""
+    in; with `one_kind`, neither may the datasets' rows mix strings and chat messages (`one_kind_rule`). Read as
+    one Arrow column for a `datasets.Dataset` (100,000 rows: 1-2 ms, 7-20 ms through a `shuffle` or `filter`,
+    0.2-0.3 s decoded from a `Json` column, which a JSON file mixing the kinds loads as), row by row for a list of
+    dicts (30-70 ms); other datasets are left to the rollout (`PromptRenderer` names the item that fails). A custom
+    formatter's output is checked on the first item only (`check_formatters_on_first_items`), and what a chat
+    template or a tokenizer makes of a prompt when the item is rolled out."""
     agents = [i for i, f in enumerate(formatters) if f is default_formatter]
     if not agents:
         return
     who = f"agent {agents[0] + 1}" if len(agents) == 1 else "agents " + ", ".join(str(i + 1) for i in agents)
-    for which, ds in datasets.items():
+    kinds: dict[str, tuple[int, int, str]] = {}  # kind -> (dataset's position, its first row of the kind, dataset)
+    for position, (which, ds) in enumerate(datasets.items()):
         if ds is None:
             continue
-        found = first_bad_prompts(ds, "prompt", allow_empty)
-        if found is None:
+        values = _prompt_values(ds, "prompt")
+        if values is None:
             continue
-        row, count, problem = found
-        more = f" ({count - 1} more of its {len(ds)} rows are bad too)" if count > 1 else ""
+        found = _first_bad(ds, "prompt", values, allow_empty)
+        if found is not None:
+            row, count, problem = found
+            more = f" ({count - 1} more of its {len(ds)} rows are bad too)" if count > 1 else ""
+            raise ValueError(
+                f"{which}[{row}]['prompt'] {problem}{more}; the default formatter makes it the prompt of {who}, and "
+                f"{prompt_rule(allow_empty)}. Every row's prompt is checked when the trainer is built: fix or drop "
+                f"the rows (e.g. {which}.filter(lambda item: bool(item['prompt'])))"
+            )
+        for kind, row in (_kinds(ds, "prompt", values) if one_kind else {}).items():
+            kinds.setdefault(kind, (position, row, which))
+    if len(kinds) > 1:
+        (_, row, which), (_, other, other_ds) = sorted(kinds.values())
+        first, second = sorted(kinds, key=kinds.__getitem__)
         raise ValueError(
-            f"{which}[{row}]['prompt'] {problem}{more}; the default formatter makes it the prompt of {who}, and "
-            f"{prompt_rule(allow_empty)}. Every row's prompt is checked when the trainer is built: fix or drop "
-            f"the rows (e.g. {which}.filter(lambda item: bool(item['prompt'])))"
+            f"{which}[{row}]['prompt'] is {first} but {other_ds}[{other}]['prompt'] is {second} (the first row of "
+            f"each kind); the default formatter makes the column the prompt of {who}, and {one_kind_rule()}. "
+            "Every row's prompt is checked when the trainer is built"
         )
 
 
@@ -255,31 +293,95 @@ def first_bad_prompts(dataset: Any, column: str, allow_empty: bool = False) -> t
     """The first row of `dataset` whose `column` is no prompt (`prompt_problem`), as `(row, number of bad rows,
     problem)`; None when every row's is one, and for a dataset that is neither a `datasets.Dataset` nor a list of
     dicts, or that lacks the column (the formatter check on the first item names a missing column)."""
+    values = _prompt_values(dataset, column)
+    return None if values is None else _first_bad(dataset, column, values, allow_empty)
+
+
+def prompt_kinds(dataset: Any, column: str) -> dict[str, int]:
+    """The first row of each kind of prompt (`prompt_kind`: "a string", "chat messages") in `dataset[column]`, for
+    a `datasets.Dataset` or a list of dicts; rows of no prompt are left to `first_bad_prompts`."""
+    values = _prompt_values(dataset, column)
+    return {} if values is None else _kinds(dataset, column, values)
+
+
+_SKIP = object()  # a list row without the column (or no dict): the formatter check on the first item names it
+
+
+def _prompt_values(dataset: Any, column: str) -> Any:
+    """`dataset[column]`: a Python list for a list of dicts (`_SKIP` where a row has no such column), one Arrow
+    (chunked) array for a `datasets.Dataset` (`_arrow_column`); None for other datasets and a missing column."""
     if isinstance(dataset, (list, tuple)):
-        bad = [k for k, row in enumerate(dataset) if isinstance(row, Mapping) and column in row
-               and prompt_problem(row[column], allow_empty) is not None]  # fmt: skip
-        if not bad:
-            return None
-        return bad[0], len(bad), prompt_problem(dataset[bad[0]][column], allow_empty)
+        return [row.get(column, _SKIP) if isinstance(row, Mapping) else _SKIP for row in dataset]
     try:
         from datasets import Dataset
     except ImportError:  # pragma: no cover - datasets is a dependency of TRL
         return None
     if not isinstance(dataset, Dataset) or column not in dataset.column_names:
         return None
-    values = _arrow_column(dataset, column)
+    return _arrow_column(dataset, column)
+
+
+def _first_bad(dataset: Any, column: str, values: Any, allow_empty: bool) -> tuple[int, int, str] | None:
+    """`first_bad_prompts` of the column's `_prompt_values`."""
+    if isinstance(values, list):
+        bad = [k for k, v in enumerate(values) if v is not _SKIP and prompt_problem(v, allow_empty) is not None]
+        return (bad[0], len(bad), prompt_problem(values[bad[0]], allow_empty)) if bad else None
     found = _bad_arrow_rows(values, allow_empty)
-    if found is None:  # a column of another type (numbers, lists of strings): row by row
+    if found is None:  # a column of another type (numbers, lists of strings, `Json`): row by row, decoded
         first, count, offset = -1, 0, 0
         for chunk in values.chunks:
-            bad = [k for k, v in enumerate(chunk.to_pylist()) if prompt_problem(v, allow_empty) is not None]
+            rows = _decoded(dataset, column, chunk)
+            bad = [k for k, v in enumerate(rows) if prompt_problem(v, allow_empty) is not None]
             first = offset + bad[0] if bad and first < 0 else first
             count, offset = count + len(bad), offset + len(chunk)
     else:
         first, count = found
     if not count:
         return None
-    return first, count, prompt_problem(values[first].as_py(), allow_empty) or "is no prompt"
+    value = _decoded(dataset, column, values.slice(first, 1).combine_chunks())[0]
+    return first, count, prompt_problem(value, allow_empty) or "is no prompt"
+
+
+def _kinds(dataset: Any, column: str, values: Any) -> dict[str, int]:
+    """`prompt_kinds` of the column's `_prompt_values`. A typed Arrow column holds one kind (strings, or lists); a
+    `Json` one (a JSON file mixing the kinds loads as one) is told apart by each value's first character: 100,000
+    rows take under 0.1 ms, 2 ms as `Json`; a list of dicts about 5 ms."""
+    names = ("a string", "chat messages")
+    if isinstance(values, list):
+        kinds = [1 if isinstance(v, str) else 2 if isinstance(v, (list, tuple)) else 0 for v in values]
+        return {name: kinds.index(code) for code, name in enumerate(names, 1) if code in kinds}
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    found, kind, offset = {}, values.type, 0
+    for chunk in values.chunks:
+        if _is_json(kind):  # JSON text: a string starts with '"', a list with '['
+            lead = pc.utf8_slice_codeunits(pc.utf8_ltrim_whitespace(chunk.storage), 0, 1)
+            masks = [pc.equal(lead, '"'), pc.equal(lead, "[")]
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            masks = [chunk.is_valid(), None]
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            masks = [None, chunk.is_valid()]
+        else:  # another type: row by row, decoded
+            rows = [prompt_kind(v) for v in _decoded(dataset, column, chunk)]
+            masks = [pa.array([r == name for r in rows]) for name in names]
+        for name, mask in zip(names, masks):
+            row = -1 if mask is None or name in found else pc.index(pc.fill_null(mask, False), True).as_py()
+            if row >= 0:
+                found[name] = offset + row
+        offset += len(chunk)
+    return found
+
+
+def _is_json(kind: Any) -> bool:
+    """Whether an Arrow type is the JSON extension type (`datasets.Json`: JSON text, decoded when a row is read)."""
+    return getattr(kind, "extension_name", None) == "arrow.json"
+
+
+def _decoded(dataset: Any, column: str, chunk: Any) -> list:
+    """A chunk of `dataset[column]` as the rows read it: decoded by the column's feature (a `Json` value, or one
+    nested in a list, is JSON text in the table)."""
+    return dataset.features.decode_column(chunk.to_pylist(), column)
 
 
 def _arrow_column(dataset: Any, column: str) -> Any:

@@ -47,6 +47,7 @@ from transformers import TrainerCallback
 
 from trl_marl.checkpointing.state_files import CorruptedStateError, read_json_state, require
 from trl_marl.data_types.rng import keyed_rng
+from trl_marl.data_types.text import valid_text, valid_texts
 from trl_marl.plugins.comparators_protocol import check_comparator_output
 from trl_marl.plugins.registry import COMPARATOR_GROUP, load_plugin
 from trl_marl.plugins.replay import make_replay_mode
@@ -429,18 +430,26 @@ class RoundDriver:
         self._resume_round = extra.get("round_in_progress")
 
     def save_state(self, folder: str) -> None:
-        """Round counter, replay index (with copies of its round files), policy history and comparator state."""
+        """Round counter, replay index (with copies of its round files), policy history and comparator state.
+
+        The file is strictly valid JSON where resuming allows it: a round's `path` is a record only (a resume reads
+        the checkpoint's copy into its own `preference_replay_dir`), so a lone surrogate in it (a folder name that
+        is not UTF-8) is written as U+FFFD (`valid_text`), which strict parsers take where they refuse a `\\ud800`
+        escape. The policy snapshots' folders and the comparator's state are what a resume uses, so they are
+        written exactly: a lone surrogate in a comparator's state is warned of (`_check_comparator_state`)."""
         os.makedirs(os.path.join(folder, "preference_replay"), exist_ok=True)
         rounds = []
         for r in self.stored:
             copy_path = os.path.join(folder, "preference_replay", os.path.basename(r["path"]))
             shutil.copyfile(r["path"], copy_path)
-            rounds.append({**r, "checkpoint_copy": os.path.basename(r["path"])})
+            rounds.append({**r, "path": valid_text(r["path"]), "checkpoint_copy": os.path.basename(r["path"])})
+        comparator = self.comparator.state_dict() if hasattr(self.comparator, "state_dict") else None
+        self._check_comparator_state(comparator)
         state = {
             "completed_rounds": self.completed,
             "rounds": rounds,
             "policy_snapshots": {str(k): v for k, v in self.policy_snapshots.items()},
-            "comparator": self.comparator.state_dict() if hasattr(self.comparator, "state_dict") else None,
+            "comparator": comparator,
             "env_step": self.trainer.env_step,
         }
         tmp = os.path.join(folder, STATE_FILE + ".tmp")
@@ -449,6 +458,21 @@ class RoundDriver:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(folder, STATE_FILE))
+
+    def _check_comparator_state(self, state: Any) -> None:
+        """Warn (once) of a comparator state holding invalid unicode (a lone surrogate, e.g. an API's text kept in a
+        cache): it is written as JSON's `\\ud800` escape, which `load_state` restores exactly but strict JSON
+        parsers refuse; replacing it would change what the comparator resumes with."""
+        if state is None or getattr(self, "_warned_comparator_state", False) or valid_texts(state) == state:
+            return
+        self._warned_comparator_state = True
+        logger.warning(
+            "the state_dict() of comparator %r holds invalid unicode (a lone surrogate): %s is written with it as a "
+            "JSON \\udXXX escape, which a resume restores exactly but strict JSON parsers refuse; return valid text "
+            "from state_dict() (trl_marl.data_types.text.valid_texts) to keep the checkpoint strictly valid JSON",
+            self.comparator_name,
+            STATE_FILE,
+        )
 
     def load_state(self, folder: str) -> None:
         """Restore what `save_state` wrote; every file is validated (`CorruptedStateError` naming it)."""
