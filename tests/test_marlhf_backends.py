@@ -74,7 +74,13 @@ def test_actor_critic_backend_fields_are_checked_by_the_config(make_args):
     with pytest.raises(ValueError, match="value_clip_range applies only in shared-model mode"):
         make_args(MARLHFConfig, rl_algorithm="iac", value_clip_range=0.2)
     with pytest.raises(ValueError, match=r"critic_devices has 2 entries; give 1 or one per critic \(1\)"):
-        make_args(MARLHFConfig, rl_algorithm="maac", critic_devices=["cpu", "cpu"])
+        make_args(
+            MARLHFConfig,
+            rl_algorithm="maac",
+            parallel_training="mp",
+            agent_devices=["cpu"],
+            critic_devices=["cpu", "cpu"],
+        )
     cfg = make_args(MARLHFConfig, rl_algorithm="iac", use_separate_critic=False, value_clip_range=0.2)
     assert cfg.num_critics == cfg.num_agents and not cfg.uses_separate_critics
 

@@ -685,7 +685,16 @@ def _missing_device() -> str:
             {"parallel_training": "mp", "agent_devices": ["cpu"], "critic_devices": ["MISSING"]},
             r"critic_devices\[0\]",
         ),
-        ("MARLHFConfig", {"rl_algorithm": "iac", "critic_devices": ["cpu", "MISSING"]}, r"critic_devices\[1\]"),
+        (
+            "MARLHFConfig",
+            {
+                "rl_algorithm": "iac",
+                "parallel_training": "mp",
+                "agent_devices": ["cpu"],
+                "critic_devices": ["cpu", "MISSING"],
+            },
+            r"critic_devices\[1\]",
+        ),
         (
             "MADPOIterConfig",
             {"comparator_policy": "current_copy", "comparator_kwargs": {"devices": ["MISSING"]}},
@@ -729,3 +738,41 @@ def test_a_device_list_given_as_one_string_or_with_a_none_entry_is_refused(make_
     with pytest.raises(ValueError, match=r"agent_devices\[1\]=None is not a device"):
         make_args(parallel_training="mp", agent_devices=["cpu", None])
     assert make_args(parallel_training="mp", agent_devices=["cpu", "cpu"]).agent_devices == ["cpu", "cpu"]
+
+
+@pytest.mark.parametrize(
+    "config, overrides, name",
+    [
+        ("MAGRPOConfig", {"agent_devices": ["cpu"]}, "agent_devices"),
+        ("MADPOConfig", {"agent_devices": ["cpu", "cpu"]}, "agent_devices"),
+        ("MAACConfig", {"critic_devices": ["cpu"]}, "critic_devices"),
+        ("IACConfig", {"critic_devices": ["cpu"]}, "critic_devices"),
+        ("MAPPOConfig", {"critic_devices": ["cpu"]}, "critic_devices"),
+        ("MARLHFConfig", {"rl_algorithm": "maac", "critic_devices": ["cpu"]}, "critic_devices"),
+    ],
+)
+def test_a_device_list_read_only_in_mp_mode_is_refused_with_parallel_training_none(make_args, config, overrides, name):
+    """On the old code each was accepted and ignored: with parallel_training='none' accelerate places the agents and
+    critics, and only `parallel_training="mp"` reads agent_devices / critic_devices."""
+    import trl_marl
+
+    with pytest.raises(
+        ValueError, match=rf"{name}=\['cpu'.*read in parallel_training='mp' only; .*set parallel_training='mp'"
+    ):
+        make_args(getattr(trl_marl, config), **overrides)
+    # read in both modes: each reference beside its agent, or on reference_devices (trl_marl.trainers.building)
+    args = make_args(reference_kl_enabled=True, reference_devices=["cpu"])
+    assert args.parallel_training == "none" and args.reference_devices == ["cpu"]
+
+
+def test_critic_devices_with_value_heads_on_the_actors_are_refused(make_args):
+    """IAC's value heads sit on their agents: critic_devices placed nothing (old code: accepted, even in mp mode)."""
+    from trl_marl import IACConfig, MARLHFConfig
+
+    mp = {"parallel_training": "mp", "agent_devices": ["cpu"], "critic_devices": ["cpu"]}
+    for cfg, extra in ((IACConfig, {}), (MARLHFConfig, {"rl_algorithm": "iac"})):
+        with pytest.raises(
+            ValueError, match=r"critic_devices=\['cpu'\] places separate critic models.*use_separate_critic=False"
+        ):
+            make_args(cfg, use_separate_critic=False, **mp, **extra)
+        assert make_args(cfg, **mp, **extra).critic_devices == ["cpu"]

@@ -25,6 +25,7 @@ from trl_marl.rollout.engine import JOINT_MODES  # noqa: E402
 from trl_marl.trainers.config_checks import (  # noqa: E402
     check_devices,
     check_field_values,
+    check_mp_only,
     check_step_intervals,
     parse_json_field,
 )  # noqa: E402
@@ -121,9 +122,10 @@ class MultiAgentConfig(_BaseConfig):
         eval_num_samples: task items evaluated per evaluation (`None`: the whole eval dataset).
         eval_batch_size: task items rolled out together during evaluation (`per_device_eval_batch_size`).
         parallel_training: `"none"` (accelerate places everything) or `"mp"` (explicit per-agent devices).
-        agent_devices: one device per agent (or one for all) in `"mp"` mode, e.g. `["cuda:0", "cuda:1"]`. Each entry
-            of this and of `reference_devices` must be a device this machine has (refused at construction, naming
-            the entry: `config_checks.check_devices`).
+        agent_devices: one device per agent (or one for all) in `"mp"` mode, e.g. `["cuda:0", "cuda:1"]`; read in
+            `"mp"` mode only, so it is refused in `"none"` (accelerate places the agents there). Each entry of this
+            and of `reference_devices` must be a device this machine has (refused at construction, naming the entry:
+            `config_checks.check_devices`). `reference_devices` is read in both modes.
         share_base_model: with a `peft_config`, make every agent an adapter on ONE frozen base model (a homogeneous
             team given as `model`): n agents for the memory of about one model; generation runs one call for all
             agents with a per-row adapter; the reference model of the KL penalty is the base with adapters disabled.
@@ -517,6 +519,8 @@ class MultiAgentConfig(_BaseConfig):
             self.parallel_training in PARALLEL_MODES,
             f"parallel_training must be one of {list(PARALLEL_MODES)}, got {self.parallel_training!r}",
         )
+        # read by `building.place_agents` in "mp" only: elsewhere accelerate places the agents (it was ignored)
+        check_mp_only("agent_devices", self.agent_devices, self.parallel_training, "the agents")
         # each entry a device this machine has, before any model loads ("cuda:0" on a CPU-only machine failed late)
         check_devices(
             "agent_devices", self.agent_devices, "with parallel_training='none' accelerate places the agents"

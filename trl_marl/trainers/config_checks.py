@@ -14,7 +14,8 @@
 
 Each config's ranges (`temperature` in [0.01, 100], `beta > 0`, ...) are its own `_validate_multi_agent`'s;
 `check_device` is theirs for a field naming one device (MARLHF's `reward_model_device`), `check_devices` for a list
-of them (`agent_devices`, `reference_devices`, `critic_devices`, a comparator's `devices`).
+of them (`agent_devices`, `reference_devices`, `critic_devices`, a comparator's `devices`), `check_mp_only` for a
+list read in `parallel_training="mp"` only (`agent_devices`, `critic_devices`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "check_device",
     "check_devices",
     "check_field_values",
+    "check_mp_only",
     "check_step_intervals",
     "parse_json_field",
 ]
@@ -244,6 +246,19 @@ def check_devices(name: str, values: Any, unset: str) -> None:
         )
     for i, value in enumerate(values):
         check_device(f"{name}[{i}]", value, unset, entry_of=name)
+
+
+def check_mp_only(name: str, value: Any, parallel_training: str, placed: str) -> None:
+    """Refuse a device-list field that only `parallel_training="mp"` reads (`agent_devices`, `critic_devices`) set
+    in another mode, where accelerate places the models (`placed` says what it places) and nothing reads the field:
+    a ValueError naming the field, `parallel_training="mp"` and the fix. None is accepted."""
+    if value is None or parallel_training == "mp":
+        return
+    raise ValueError(
+        f"{name}={value!r} is read in parallel_training='mp' only; with parallel_training={parallel_training!r} "
+        f"accelerate places {placed} (one device per process) and nothing reads {name}: set parallel_training='mp' "
+        f"to place them on explicit devices, or leave {name} unset"
+    )
 
 
 def parse_json_field(name: str, text: str, expected: str) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 
 from trl_marl.models.value_head import CRITIC_TYPES
 from trl_marl.trainers.config import MultiAgentConfig
-from trl_marl.trainers.config_checks import check_devices
+from trl_marl.trainers.config_checks import check_devices, check_mp_only
 
 __all__ = [
     "ActorCriticConfig",
@@ -43,7 +43,8 @@ class ActorCriticConfig(MultiAgentConfig):
             update; a group of one sample, or of equal values, gets zero.
         critic_value_head_hidden_dim: hidden size of the separate critics' value head (`None`: a linear head).
         critic_devices: one device per critic (or one for all) in `parallel_training="mp"` mode, where separate
-            critics need it.
+            critics need it; read there only, so it is refused in `"none"` mode (accelerate places the critics) and
+            with value heads on the actors (IAC's `use_separate_critic=False`).
     """
 
     num_generations: int = field(
@@ -254,6 +255,14 @@ def check_actor_critic_fields(cfg: Any, num_critics: int, separate_critics: bool
             bool(cfg.critic_devices),
             "parallel_training='mp' needs critic_devices (one device per critic, or one for all) for the "
             "separate critics",
+        )
+    # read when separate critics are placed in "mp" mode only (`critic_device`): elsewhere it was ignored
+    check_mp_only("critic_devices", cfg.critic_devices, cfg.parallel_training, "the critics")
+    if cfg.critic_devices is not None and not separate_critics:
+        raise ValueError(
+            f"critic_devices={cfg.critic_devices!r} places separate critic models, and with "
+            "use_separate_critic=False the critics are value heads on the actors, placed with their agents "
+            "(agent_devices): leave critic_devices unset, or set use_separate_critic=True"
         )
     check_devices("critic_devices", cfg.critic_devices, "accelerate places the critics")
     if cfg.critic_devices is not None:

@@ -104,7 +104,8 @@ class MARLHFConfig(PreferenceConfig):
         critic_learning_rate: `maac` / `iac`: learning rate of separate critics (`None`: the agents').
         value_loss_coef: `maac` / `iac`: weight of the critic loss.
         critic_value_head_hidden_dim: `maac` / `iac`: hidden size of the separate critics' value head.
-        critic_devices: `maac` / `iac`: critic devices in `mp` mode.
+        critic_devices: `maac` / `iac`: critic devices in `mp` mode (refused in `"none"` mode, where accelerate places
+            the critics, and with `iac` value heads).
         critic_max_length: `maac`: truncate the centralized critic's input (keeping the end).
         use_separate_critic: `iac`: separate critics (True) or value heads on the actors (False).
         value_clip_range: `iac` with value heads: value clipping eps.
