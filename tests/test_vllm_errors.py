@@ -128,6 +128,41 @@ def test_vllm_server_fields_outside_server_mode_are_refused(tmp_path):
             )
 
 
+SERVER = dict(use_vllm=True, vllm_mode="server", report_to="none")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"vllm_gpu_memory_utilization": 0.5},
+            r"vllm_gpu_memory_utilization=0.5: read by the colocated engines only, .*trl-marl vllm-serve's, started "
+            r"with their own settings .*start trl-marl vllm-serve with --gpu_memory_utilization 0.5\. Leave it unset "
+            r"here, or set vllm_mode='colocate'",
+        ),
+        ({"vllm_max_model_length": 512}, r"vllm_max_model_length=512: .*with --max_model_len 512"),
+        ({"vllm_enable_lora": False}, r"vllm_enable_lora=False: .*start trl-marl vllm-serve without --enable_lora"),
+        ({"vllm_enable_sleep_mode": True}, r"vllm_enable_sleep_mode has no trl-marl vllm-serve flag"),
+        ({"vllm_model_impl": "transformers"}, r"vllm_model_impl='transformers': .*has no trl-marl vllm-serve flag"),
+        ({"vllm_tensor_parallel_size": 2}, r"vllm_tensor_parallel_size=2: .*has no trl-marl vllm-serve flag"),
+        (
+            {"vllm_gpu_memory_utilization": 0.5, "vllm_enable_sleep_mode": True},
+            r"vllm_gpu_memory_utilization=0.5, vllm_enable_sleep_mode=True: .*Leave them unset",
+        ),
+    ],
+)
+def test_colocated_engine_fields_in_server_mode_are_refused_naming_the_vllm_serve_flag(tmp_path, overrides, message):
+    """The server's engines take `trl-marl vllm-serve`'s flags; the old code accepted these silently in server mode
+    (a memory fraction, a context length, sleep mode, ... that no engine used)."""
+    with pytest.raises(ValueError, match=message):
+        MAGRPOConfig(output_dir=str(tmp_path), **SERVER, **overrides)
+    if "vllm_tensor_parallel_size" not in overrides:  # (which must be 1 in either mode)
+        assert MAGRPOConfig(output_dir=str(tmp_path), **{**SERVER, "vllm_mode": "colocate"}, **overrides).use_vllm
+    # a default spelled out is not a setting
+    spelled = dict(vllm_gpu_memory_utilization=0.3, vllm_enable_lora=True, vllm_tensor_parallel_size=1)
+    assert MAGRPOConfig(output_dir=str(tmp_path), **SERVER, **spelled).vllm_mode == "server"
+
+
 def test_vllm_defaults_and_unset_fields_pass_with_vllm_off(tmp_path):
     """Only values changed from the dataclass defaults count: a default config, or one spelling out a default, passes
     (every trainer's config); vllm_group_port is TRL's and read by nothing whatever use_vllm is."""

@@ -348,7 +348,13 @@ def test_bad_weight_pushes_are_refused_before_the_engine_sees_them(team, lora, h
 
 # ---------------------------------------------------------------------------------------------- (e) the trainer
 def train_args(output_dir, **overrides):
-    """A 2-agent MAGRPO run of 3 optimizer steps on colocated engines with the servers' engine settings."""
+    """A 2-agent MAGRPO run of 3 optimizer steps on colocated engines with the servers' engine settings (the
+    `launched` servers' --gpu_memory_utilization 0.05 and --max_model_len MAX_MODEL_LEN)."""
+    return _magrpo_args(output_dir, vllm_gpu_memory_utilization=0.05, vllm_max_model_length=MAX_MODEL_LEN, **overrides)
+
+
+def _magrpo_args(output_dir, **overrides):
+    """The run's settings with use_vllm=True, no engine setting: each mode adds what it reads."""
     from trl_marl import MAGRPOConfig
 
     settings = dict(
@@ -365,16 +371,15 @@ def train_args(output_dir, **overrides):
         disable_tqdm=True,
         seed=0,
         use_vllm=True,
-        vllm_gpu_memory_utilization=0.05,
-        vllm_max_model_length=MAX_MODEL_LEN,
     )
     return MAGRPOConfig(**{**settings, **overrides})
 
 
 def served_args(server: dict, output_dir, **overrides):
-    """`train_args` sampling through `server` (`vllm_mode="server"`)."""
+    """`train_args`'s run sampling through `server` (`vllm_mode="server"`): the engine settings are the server's
+    flags (server mode refuses the colocated engines' fields)."""
     connect(server)  # its URL, once its engines are ready
-    return train_args(output_dir, vllm_mode="server", vllm_server_base_url=server["url"], **overrides)
+    return _magrpo_args(output_dir, vllm_mode="server", vllm_server_base_url=server["url"], **overrides)
 
 
 def recorder(seen: list):

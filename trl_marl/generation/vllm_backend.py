@@ -55,6 +55,7 @@ __all__ = [
     "VLLM_DISTRIBUTIONS",
     "VLLM_LORA_RANKS",
     "VLLMTeamGeneration",
+    "VLLM_COLOCATE_FIELDS",
     "VLLM_SERVER_FIELDS",
     "check_unread_vllm_fields",
     "check_vllm_available",
@@ -142,15 +143,49 @@ def vllm_sampling_fields() -> frozenset[str] | None:
 
 # read only by `vllm_mode="server"` (the `trl-marl vllm-serve` clients)
 VLLM_SERVER_FIELDS = ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout")
+# read only by the colocated engines (`VLLMTeamGeneration`; `vllm_enable_lora` by `use_vllm="auto"`'s choice too,
+# which server mode refuses) -> where `vllm_mode="server"` takes the setting: the `trl-marl vllm-serve` flag, or None
+VLLM_COLOCATE_FIELDS = {
+    "vllm_gpu_memory_utilization": "--gpu_memory_utilization",
+    "vllm_max_model_length": "--max_model_len",
+    "vllm_enable_lora": "--enable_lora",
+    "vllm_enable_sleep_mode": None,
+    "vllm_model_impl": None,
+    "vllm_tensor_parallel_size": None,
+}
 # accepted for TRL configs and read by nothing, whatever `use_vllm` is (weights travel over HTTP): not refused
 _ALWAYS_UNREAD = frozenset({"vllm_group_port"})
+# what `trl-marl vllm-serve` does instead of a colocate-only field with no flag
+_NO_SERVER_FLAG = {
+    "vllm_enable_sleep_mode": "its engines stay loaded in their own process",
+    "vllm_model_impl": "its engines use vLLM's default model implementation",
+    "vllm_tensor_parallel_size": "each engine runs on one device",
+}
+
+
+def _server_setting(name: str, value: Any) -> str:
+    """Where `vllm_mode="server"` takes colocate-only field `name` (set to `value`): the `trl-marl vllm-serve` flag."""
+    flag = VLLM_COLOCATE_FIELDS[name]
+    if flag is None:
+        return f"{name} has no trl-marl vllm-serve flag ({_NO_SERVER_FLAG[name]})"
+    if name == "vllm_enable_lora":  # its default is True: the value set here is False
+        return (
+            f"for {name}={value!r} start trl-marl vllm-serve without {flag}, its default (one engine per agent, "
+            f"adapters merged; with {flag}: one multi-LoRA engine)"
+        )
+    return f"for {name}={value!r} start trl-marl vllm-serve with {flag} {value}"
 
 
 def _changed_vllm_fields(args: Any, names: Iterable[str] | None = None) -> list[str]:
     """The `vllm_*` fields of `args` (or `names`) that differ from their dataclass defaults, as `name=value`."""
+    return [f"{name}={value!r}" for name, value in _changed_vllm_values(args, names).items()]
+
+
+def _changed_vllm_values(args: Any, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """The `vllm_*` fields of `args` (or `names`) that differ from their dataclass defaults: name -> value."""
     import dataclasses
 
-    out = []
+    out = {}
     for f in dataclasses.fields(args):
         if not f.name.startswith("vllm_") or f.name in _ALWAYS_UNREAD or (names is not None and f.name not in names):
             continue
@@ -162,15 +197,17 @@ def _changed_vllm_fields(args: Any, names: Iterable[str] | None = None) -> list[
             continue
         value = getattr(args, f.name)
         if value != default:
-            out.append(f"{f.name}={value!r}")
+            out[f.name] = value
     return out
 
 
 def check_unread_vllm_fields(args: Any) -> None:
     """Refuse vLLM fields set (to other values than their dataclass defaults) that the run would not read: any with
     `use_vllm=False` (the run samples with transformers' `generate`), a `vllm_server_*` field outside
-    `vllm_mode="server"` (colocated engines contact no server). ValueError naming the fields and `use_vllm=True` /
-    `vllm_mode="server"`. `use_vllm` itself must be True, False or `"auto"`."""
+    `vllm_mode="server"` (colocated engines contact no server), a colocated engine's field (`VLLM_COLOCATE_FIELDS`)
+    with `vllm_mode="server"` (the server's engines take the `trl-marl vllm-serve` flags). ValueError naming the fields
+    and `use_vllm=True` / `vllm_mode="server"` / the server's flag. `use_vllm` itself must be True, False or
+    `"auto"`."""
     use = args.use_vllm
     if not (use is True or use is False or use == "auto"):
         raise ValueError(f"use_vllm must be True, False or 'auto', got {use!r}")
@@ -184,6 +221,16 @@ def check_unread_vllm_fields(args: Any) -> None:
                 f"or leave {it} unset"
             )
         return
+    if args.vllm_mode == "server" and use is True:  # ("auto" never picks the server: `validate_vllm_args`)
+        colocated = _changed_vllm_values(args, VLLM_COLOCATE_FIELDS)
+        if colocated:
+            it = "it" if len(colocated) == 1 else "them"
+            raise ValueError(
+                f"{', '.join(f'{k}={v!r}' for k, v in colocated.items())}: read by the colocated engines only, and "
+                "with vllm_mode='server' the engines are trl-marl vllm-serve's, started with their own settings "
+                f"(the trainer would ignore {it}): {'; '.join(_server_setting(k, v) for k, v in colocated.items())}. "
+                f"Leave {it} unset here, or set vllm_mode='colocate'"
+            )
     if args.vllm_mode != "server":
         unread = _changed_vllm_fields(args, VLLM_SERVER_FIELDS)
         if unread:

@@ -136,7 +136,9 @@ class MultiAgentConfig(_BaseConfig):
             engines where they were measured faster for the device and the model size, else `model.generate`; the
             choice and why are logged, and `use_vllm` holds it once the trainer is built; `trl_marl.generation.choice`).
             With False, a `vllm_*` field set to another value than its default is refused (nothing would read it;
-            TRL ignores it), and so is a `vllm_server_*` field outside `vllm_mode="server"`.
+            TRL ignores it), and so is a `vllm_server_*` field outside `vllm_mode="server"`, and a colocated engine's
+            field (`vllm_gpu_memory_utilization` ... `vllm_enable_lora` below) with `vllm_mode="server"`, naming the
+            `trl-marl vllm-serve` flag that sets it there.
             The engines only sample: the loss's log-probs stay computed by the training model, and the gap between
             vLLM's sampled log-probs and the trainer's is logged as `sampling/sampling_logp_difference/{mean,max}`.
             See `docs/vllm.md`.
