@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from trl_marl import MAGRPOConfig, MAPPOConfig
 from trl_marl.distributed import memory
-from trl_marl.distributed.memory import count_parameters, estimate, layer_parameters, main
+from trl_marl.distributed.memory import ENGINES, count_parameters, estimate, layer_parameters, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -180,6 +180,90 @@ def test_preference_trainers_are_estimated_with_the_candidates_they_sample(tiny_
     shape = TrainingShape.from_config(marlhf)
     assert (shape.num_generations, shape.train_rows_per_item) == (6, 2)  # collection's K, the RL phase's G
     assert TrainingShape.from_config(_cfg(num_generations=3)).num_generations == 3  # the RL trainers: G
+
+
+_COMMON = dict(output_dir="x", num_agents=2, rollout_buffer_size=2, max_completion_length=16, report_to="none")
+
+
+def test_madpo_ref_model_is_counted_in_references_as_the_trainer_loads_it(tiny_path, items, tmp_path):
+    """MADPO's ref_model: one frozen model for a single id, one per distinct entry of a list, against a hand count
+    and against the trainer. The old code had no way to count it: MADPO's `references` were 0 whatever it held."""
+    from trl_marl import MADPOConfig, MADPOTrainer, MAGRPOConfig
+
+    common = _COMMON
+    other = AutoConfig.from_pretrained(tiny_path)
+    other.num_hidden_layers = 3  # another reference model, of a known size
+    P, P3 = count_parameters(AutoConfig.from_pretrained(tiny_path))[0], count_parameters(other)[0]
+    madpo = MADPOConfig(**common, preference_num_candidates=2, train_batch_size=1)
+    free = estimate(madpo, tiny_path, "ddp", 1)
+    assert free.references == 0  # reference-free: no ref_model
+    one = estimate(madpo, tiny_path, "ddp", 1, ref_model=tiny_path)
+    assert one.references == P * 4  # one id for every agent: loaded once
+    assert one.resident - free.resident == P * 4 and one.loading - free.loading == P * 4
+    per_agent = estimate(madpo, tiny_path, "ddp", 1, ref_model=[tiny_path, other])
+    assert per_agent.references == (P + P3) * 4
+    assert estimate(madpo, tiny_path, "ddp", 1, ref_model=[tiny_path, tiny_path]).references == P * 4
+    # TRL's prepare_deepspeed partitions it under ZeRO-3 only (ZeRO-2: stage 0); FSDP2 places it whole
+    z2, z3, f2 = (estimate(madpo, tiny_path, e, 4, ref_model=[tiny_path, other]).references for e in ENGINES[1:])
+    assert z2 == f2 == (P + P3) * 4 and z3 == P + P3
+
+    # what the trainer holds: its distinct frozen reference models' bytes
+    args = MADPOConfig(**{**common, "output_dir": str(tmp_path)}, preference_num_candidates=2, train_batch_size=1)
+    trainer = MADPOTrainer(model=tiny_path, reward_funcs=_zeros, args=args, train_dataset=items, ref_model=tiny_path)
+    held = {id(m): m for m in trainer.ref_models}.values()
+    assert sum(p.numel() * p.element_size() for m in held for p in m.parameters()) == one.references
+
+    with pytest.raises(
+        ValueError, match=r"ref_model is MADPO's DPO reference model.*MAGRPOConfig's trainer takes none"
+    ):
+        estimate(MAGRPOConfig(**common), tiny_path, "ddp", 1, ref_model=tiny_path)
+    with pytest.raises(ValueError, match=r"ref_model: expected one model per agent \(2\), got 3"):
+        estimate(madpo, tiny_path, "ddp", 1, ref_model=[tiny_path] * 3)
+
+
+def test_local_comparator_models_are_counted_as_the_trainer_holds_them(tiny_path):
+    """The iterative trainers' comparator models (`comparator_policy` / `comparator_kwargs`), against a hand count
+    and against what FixedModelComparator loads. The old code counted none (no `comparator` part)."""
+    from types import SimpleNamespace
+
+    from trl_marl import MADPOIterConfig
+    from trl_marl.plugins.comparators import FixedModelComparator
+
+    common = _COMMON
+    P = count_parameters(AutoConfig.from_pretrained(tiny_path))[0]
+
+    # the comparators: history holds a snapshot per agent, model each distinct (source, device), current_copy a
+    # copy per agent on the devices it is given; current and api none
+    def comparator(policy, **options):
+        cfg = MADPOIterConfig(**common, comparator_policy=policy, comparator_kwargs=options or None)
+        return estimate(cfg, tiny_path, "ddp", 1).comparator
+
+    assert comparator("history") == 2 * P * 4
+    assert comparator("model", model_name=tiny_path) == P * 4
+    assert comparator("model", agents=[tiny_path, tiny_path], devices=["cpu"]) == P * 4
+    # what FixedModelComparator loads for one path per agent: one model (its cache is per source and device)
+    options = {"agents": [tiny_path, tiny_path]}
+    fixed = FixedModelComparator(
+        MADPOIterConfig(**common, comparator_policy="model", comparator_kwargs=options), **options
+    )
+    loaded, _ = fixed.models(SimpleNamespace(accelerator=SimpleNamespace(device="cpu"), tokenizers=[None, None]))
+    held = {id(m): m for m in loaded}.values()
+    assert sum(p.numel() * p.element_size() for m in held for p in m.parameters()) == P * 4
+    assert comparator("current_copy", devices=["cpu"]) == 2 * P * 4
+    assert comparator("current") == comparator("current_copy") == 0
+    assert comparator("api", url="http://127.0.0.1:1/v1", model="m") == 0
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    L = count_parameters(AutoConfig.from_pretrained(tiny_path), lora)[1]
+    history = MADPOIterConfig(**common, comparator_policy="history")
+    assert estimate(history, tiny_path, "ddp", 1, peft_config=lora).comparator == 2 * (P + L) * 4
+    est = estimate(history, tiny_path, "zero3", 4)
+    assert est.comparator == 2 * P * 4  # whole: no engine shards them
+    no_copy = estimate(MADPOIterConfig(**common), tiny_path, "zero3", 4)  # comparator_policy="current"
+    assert est.resident - no_copy.resident == 2 * P * 4 and est.peak - no_copy.peak == 2 * P * 4
+
+
+def _zeros(c1, c2):
+    return [0.0] * len(c1)
 
 
 def test_main_estimates_madpo_with_preference_num_candidates(tiny_path, capsys):

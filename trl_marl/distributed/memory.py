@@ -9,7 +9,8 @@
 | comm buffers | DDP over several ranks: its gradient buckets, a second copy of the gradients (`gradient_as_bucket_view` off, accelerate's default) | none |
 | master weights | DeepSpeed (ZeRO-2 / ZeRO-3): an fp32 copy of the trainable parameters' partition, 4 bytes each, ALSO for fp32 weights (see below) | ZeRO-2, ZeRO-3 |
 | optimizer | AdamW's two fp32 moments per trainable parameter | ZeRO-2, ZeRO-3, FSDP2 |
-| references | frozen copies for the reference-KL penalty (none for LoRA agents: the base with adapters off) | ZeRO-3, FSDP2 |
+| references | frozen copies for the reference-KL penalty (none for LoRA agents: the base with adapters off); MADPO's `ref_model` (`estimate(..., ref_model=)`: ONE model for a single id, one per distinct entry of a list, as the trainer loads them), whole except under ZeRO-3 (TRL's `prepare_deepspeed`) | reference KL: ZeRO-3, FSDP2; `ref_model`: ZeRO-3 |
+| comparator | the iterative trainers' local comparator models (`comparator_policy` / `comparator_kwargs`): `history` n snapshots of the agents, `model` each distinct (`model_name` / `agents`, device) model, `current_copy` n copies when `devices` are given (an upper bound where they are the agents' own, outside ZeRO-3, where it copies nothing); `current`, `api` and plugins none. On `devices` when given: that device's memory, counted here as the rank's | none |
 | critics | separate critics of the actor-critic trainers, trained like the agents (master weights included) | as the agents |
 | reward model | the joint reward model MARLHF scores rollouts with (whole on every rank under DDP / ZeRO-2) | ZeRO-3, FSDP2 |
 | generation gather | full weights of the ONE agent that generates (ZeRO-3, FSDP2) | (is the gather) |
@@ -20,10 +21,10 @@
 | optimizer step | AdamW's step: a temporary the size of what it updates at once, in fp32 (`sqrt` of the second moment): a parameter group with torch's foreach kernels (GPUs), one tensor on the CPU, where DeepSpeed's flat partition of a group IS one tensor; trl_marl has one group per agent, so one agent's trainable parameters x 4 bytes (an upper bound for DDP / FSDP2 on the CPU) | ZeRO-2, ZeRO-3, FSDP2 |
 
 The peak is `weights + gradients + comm buffers + master weights + optimizer + references + critics + reward model +
-max(generation, training, optimizer step)`, with generation = gather + KV cache and training = activations + training
-gather. Parameter counts are exact (the model is built on the meta device from its config); activation and KV sizes
-are standard first-order formulas. Validated on CPU against measured peak RSS, one process and every engine with 2
-processes (tests/test_memory.py, docs/scaling.md).
+comparator + max(generation, training, optimizer step)`, with generation = gather + KV cache and training =
+activations + training gather. Parameter counts are exact (the model is built on the meta device from its config);
+activation and KV sizes are standard first-order formulas. Validated on CPU against measured peak RSS, one process
+and every engine with 2 processes (tests/test_memory.py, docs/scaling.md).
 
 Loading (`MemoryEstimate.loading`, not part of `peak`, which is the training run's): every rank loads the full agents
 (and full critics), except under ZeRO-3 with `zero3_init_flag` (the default of the shipped configs), where they are
@@ -43,10 +44,10 @@ Master weights, from DeepSpeed 0.19's code: ZeRO-2 (`stage_1_and_2.py`) always c
 string such as "cpu" or "cuda:0"), which is never equal, so it clones too (measured: separate storages, 73 MB per
 rank on the model-shaped team). FSDP2 and DDP update the weights in place.
 
-Not counted: the process's fixed runtime (CUDA context on GPUs, about 1 GB; on the CPU, code pages and the Python
-modules an engine imports: `deepspeed.initialize` imports torch's inductor / functorch.compile / networkx, measured
-41 MB to import; 60-90 MB per rank of non-tensor memory under DeepSpeed against about 30 MB under DDP, see
-docs/scaling.md).
+Not counted: a comparator plugin's models (only the built-in comparators are known here); the process's fixed
+runtime (CUDA context on GPUs, about 1 GB; on the CPU, code pages and the Python modules an engine imports:
+`deepspeed.initialize` imports torch's inductor / functorch.compile / networkx, measured 41 MB to import; 60-90 MB
+per rank of non-tensor memory under DeepSpeed against about 30 MB under DDP, see docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -101,12 +102,13 @@ class MemoryEstimate:
     training_gather: int
     optimizer_step: int
     loading: int = 0
+    comparator: int = 0
 
     @property
     def resident(self) -> int:
         """What stays allocated for the whole run."""
         parts = (self.weights, self.gradients, self.comm_buffers, self.master_weights, self.optimizer)
-        return sum(parts) + self.references + self.critics + self.reward_model
+        return sum(parts) + self.references + self.critics + self.reward_model + self.comparator
 
     @property
     def peak(self) -> int:
@@ -129,6 +131,7 @@ class MemoryEstimate:
             "references",
             "critics",
             "reward_model",
+            "comparator",
             "generation_gather",
             "kv_cache",
             "activations",
@@ -352,6 +355,9 @@ class TrainingShape:
     # rows each agent scores per `train_batch_size` unit in a training step; None: num_generations (an item's
     # samples). MADPO: 2, a pair's chosen and rejected responses (its train_batch_size counts pairs)
     train_rows_per_item: int | None = None
+    # the iterative trainers' local comparator models (`comparator_models`): AGENT_COPY for a copy of an agent, else
+    # the model id / path (or config) it loads
+    comparator_models: tuple = ()
 
     @classmethod
     def from_config(cls, config: Any) -> TrainingShape:
@@ -380,7 +386,46 @@ class TrainingShape:
             else 0,
             reward_model=hasattr(config, "reward_model_name"),
             train_rows_per_item=getattr(config, "training_rows_per_item", None),
+            comparator_models=comparator_models(config),
         )
+
+
+AGENT_COPY = "agent"  # a comparator model of the agents' architecture (`TrainingShape.comparator_models`)
+
+
+def comparator_models(config: Any) -> tuple:
+    """The models an iterative trainer's local comparator holds (`trl_marl.plugins.comparators`), read from its
+    `comparator_policy` and `comparator_kwargs`: `AGENT_COPY` for a snapshot / copy of an agent, else the id / path it
+    loads. `history`: one snapshot per agent; `current_copy`: one copy per agent when `devices` are given (the live
+    agents otherwise); `model`: one per distinct (source, device), as `FixedModelComparator` caches them. `current`,
+    `api`, plugins and the other trainers: none."""
+    policy = getattr(config, "comparator_policy", None)
+    options = getattr(config, "comparator_kwargs", None) or {}
+    n = int(config.num_agents)
+    devices = list(options.get("devices") or [])
+    if policy == "history" or (policy == "current_copy" and devices):
+        return (AGENT_COPY,) * n
+    if policy == "model":
+        sources = list(options.get("agents") or []) or [options.get("model_name")] * n
+        placed = {}
+        for i, src in enumerate(sources):
+            dev = (devices[0] if len(devices) == 1 else devices[i]) if devices else None
+            placed.setdefault((str(src), dev), src)
+        return tuple(placed.values())
+    return ()
+
+
+def _ref_models(ref_model: Any, num_agents: int) -> list:
+    """MADPO's `ref_model` as `MADPOTrainer._load_ref_models` loads it: one model for a single entry, one per
+    distinct entry of a list (the trainer shares an entry given twice; ids / paths compared by value)."""
+    given = list(ref_model) if isinstance(ref_model, (list, tuple)) else [ref_model] * num_agents
+    if len(given) != num_agents:
+        raise ValueError(f"ref_model: expected one model per agent ({num_agents}), got {len(given)}")
+    distinct: list = []
+    for src in given:
+        if not any((d == src) if isinstance(src, str) else (d is src) for d in distinct):
+            distinct.append(src)
+    return distinct
 
 
 def estimate(
@@ -395,6 +440,7 @@ def estimate(
     weight_bytes: int | None = None,
     prompt_length: int | None = None,
     zero3_init_flag: bool = True,
+    ref_model=None,
 ) -> MemoryEstimate:
     """Predict per-rank memory of training a team with `config` (a `TrainingShape`, or a trl_marl trainer config it
     is read from) on `model_config_or_id`
@@ -405,12 +451,24 @@ def estimate(
     `critic_model_config` / `reward_model_config`: the critics' / reward model's backbone (default: the agents').
     `weight_bytes`: bytes per weight as loaded (default: 2 with `config.bf16`, else 4). `prompt_length`: the prompt
     tokens to plan for (default: `config.max_prompt_length`, else 512). `zero3_init_flag`: the accelerate config's
-    flag (ZeRO-3 only; it changes `loading`, see the module docstring).
+    flag (ZeRO-3 only; it changes `loading`, see the module docstring). `ref_model`: MADPO's DPO reference, as its
+    trainer takes it (a model config / id for every agent, or a list of one per agent), counted in `references`;
+    refused for a config of another trainer.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if (
+        ref_model is not None
+        and not isinstance(config, TrainingShape)
+        and not hasattr(config, "precompute_ref_log_probs")
+    ):
+        raise ValueError(
+            f"ref_model is MADPO's DPO reference model (MADPOTrainer(ref_model=...)); {type(config).__name__}'s "
+            "trainer takes none: leave ref_model unset (the RL trainers' frozen references come from "
+            "reference_kl_enabled / beta in the config)"
+        )
     config = TrainingShape.from_config(config)
     cfg = _load_config(model_config_or_id)
     n = config.num_agents
@@ -435,6 +493,19 @@ def estimate(
     references = 0
     if config.reference_kl and peft_config is None:
         references = math.ceil(n * P * wb / shard_w)
+    # MADPO's ref_model: loaded whole, placed beside the agents (FSDP2 included), partitioned by ZeRO-3 only
+    ref_bytes = [
+        count_parameters(_load_config(src))[0] * wb for src in (_ref_models(ref_model, n) if ref_model else [])
+    ]
+    shard_ref = world_size if engine == "zero3" else 1
+    dpo_references = sum(math.ceil(b / shard_ref) for b in ref_bytes)
+
+    # the iterative trainers' local comparator models: whole, on the agents' device or the comparator's `devices`
+    agent_copy = (P + lora) * wb
+    comparator = sum(
+        agent_copy if src == AGENT_COPY else count_parameters(_load_config(src))[0] * wb
+        for src in config.comparator_models
+    )
 
     # separate critics (actor-critic trainers), trained like the agents
     critics = 0
@@ -477,6 +548,17 @@ def estimate(
             loading += P * wb + math.ceil((n - 1) * P * wb / world_size)
         else:
             loading += references
+    if ref_bytes:  # built inside zero.Init with the flag; else each loaded whole, then partitioned (ZeRO-3) or kept
+        if built_sharded:
+            loading += dpo_references
+        elif engine == "zero3":
+            loading += (
+                max(ref_bytes)
+                + sum(math.ceil(b / world_size) for b in ref_bytes)
+                - math.ceil(max(ref_bytes) / world_size)
+            )
+        else:
+            loading += dpo_references
     if critics:
         whole_critics = k * Pc * wb
         loading += math.ceil(whole_critics / world_size) if built_sharded else whole_critics
@@ -494,7 +576,7 @@ def estimate(
         comm_buffers=comm_buffers,
         master_weights=master_weights,
         optimizer=optimizer,
-        references=references,
+        references=references + dpo_references,
         critics=critics,
         reward_model=reward_model,
         generation_gather=gather,
@@ -503,6 +585,7 @@ def estimate(
         training_gather=training_gather,
         optimizer_step=optimizer_step,
         loading=loading,
+        comparator=comparator,
     )
 
 
