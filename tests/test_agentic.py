@@ -590,3 +590,18 @@ def test_engines_generate_from_token_ids_and_skip_agents_given_none(tiny_path, t
         )  # fmt: skip
         out = trainer.generation.generate([None, [PromptText.of_ids("not these words", ids)]], 2)
         assert out[0].completion_ids == [] and [p.tolist() for p in out[1].prompt_ids] == [ids, ids]
+
+
+def test_the_agentic_pages_trl_grpo_config_builds_on_this_machine(tmp_path):
+    """docs/agentic.md's side-by-side TRL snippet: its `GRPOConfig(...)` constructs here. TRL 1.16 defaults bf16 to
+    True, which transformers refuses without a bf16 GPU (old page: "Your setup doesn't support bf16/gpu" on a
+    CPU-only machine)."""
+    from pathlib import Path
+
+    from trl import GRPOConfig
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "agentic.md").read_text()
+    call = re.search(r"args=(GRPOConfig\([^)]*\))", page).group(1)
+    here = call.replace("GRPOConfig(", f"GRPOConfig(output_dir={str(tmp_path)!r}, report_to='none', ", 1)
+    args = eval(here, {"GRPOConfig": GRPOConfig})  # the page's arguments, with a scratch output_dir
+    assert args.max_tool_calling_iterations == 4
