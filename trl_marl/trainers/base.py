@@ -557,6 +557,20 @@ class MultiAgentTrainer(_BaseTrainer):
             self._restored_from = checkpoint
         return checkpoint
 
+    def _init_training_state(
+        self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+    ):
+        """`Trainer._init_training_state`, plus: a run resumed from a checkpoint of its last step (`max_steps` reached:
+        a finished run, one whose final evaluation failed) trains no further step. transformers would train one more
+        when `max_steps` ends inside an epoch (its loop checks the end after a step); the loop is skipped, and only
+        what follows it runs (`_after_training`: the final evaluation)."""
+        epochs_trained, steps_trained = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        if resume_from_checkpoint is not None and self.state.global_step >= max_steps:
+            return num_train_epochs, 0
+        return epochs_trained, steps_trained
+
     def _resume_state(self) -> dict:
         """What this process needs to continue exactly (`trainers.resume_state`)."""
         return checkpoints.resume_state(self)

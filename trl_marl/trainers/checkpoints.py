@@ -75,6 +75,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# what `train()` checkpoints before raising: a dead generation server, a reward function that raised, a bad prompt
+_SAVED_FAILURES = (GenerationUnavailable, RewardFunctionError, PromptError)
+
 
 def save_team(trainer: Any, output_dir: str, state_dict: dict | None = None) -> None:
     """Write `trainer`'s team to `output_dir`: `agent_1/ ... agent_n/` (`save_agents`), what the trainer saves beside
@@ -356,7 +359,8 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
     in the loop (`GenerationUnavailable`: a dead vLLM server), a reward function that raises (`RewardFunctionError`)
     and a task item without a usable prompt (`trl_marl.rollout.prompts.PromptError`) get a checkpoint at the step
     boundary before their error is raised (`save_after_failure`); in the middle of a preference pair collection
-    (before the loop, or an iterative round's) the checkpoint holds its finished chunks too."""
+    (before the loop, or an iterative round's) the checkpoint holds its finished chunks too; in the final evaluation
+    after the loop, the checkpoint of the last step (the training is complete: resuming only evaluates again)."""
     handler = trainer._preemption
     with handler.covering():
         checkpoint = trainer._restore_for_resume(resume_from_checkpoint)
@@ -369,13 +373,17 @@ def run_training(trainer: Any, training_loop: Callable[..., Any], resume_from_ch
                     # a run resumed from a checkpoint of the loop has done nothing since: that checkpoint is the state
                     stop_if_preempted(trainer, "before the first optimizer step", keep=loop_checkpoint)
                     out = training_loop(loop_checkpoint, *args, **kwargs)
-            except (GenerationUnavailable, RewardFunctionError, PromptError) as exc:  # checkpoint, then raise
+            except _SAVED_FAILURES as exc:  # checkpoint, then raise
                 save_after_failure(trainer, exc)
                 raise
             if trains:
                 if handler.stop_now:
                     exit_preempted(trainer)
-                out = trainer._after_training(out)
+                try:
+                    out = trainer._after_training(out)
+                except _SAVED_FAILURES as exc:  # the training is complete: its last step is checkpointed
+                    save_after_failure(trainer, exc, trained=True)
+                    raise
         if not handler.nested:
             stop_if_preempted(trainer, "after training")
     destroy_process_group_at_exit()
@@ -471,7 +479,7 @@ def _remedy(error: BaseException) -> str:
     return "restart the server"
 
 
-def save_after_failure(trainer: Any, error: BaseException) -> None:
+def save_after_failure(trainer: Any, error: BaseException, trained: bool = False) -> None:
     """The generation engine stopped answering (`GenerationUnavailable`: a dead vLLM server), a reward function
     raised (`RewardFunctionError`) or a task item's prompt could not be generated from (`PromptError`) during
     `train()`: as on preemption, write the checkpoint of the last optimizer step (unless it exists) and add to `error`
@@ -489,23 +497,44 @@ def save_after_failure(trainer: Any, error: BaseException) -> None:
     MARLHF's before the loop, an iterative round's), the checkpoint of the current step is written (`checkpoint-0`
     before the first step; a round-end checkpoint of the same step is replaced by one that holds more) with the
     collection's progress (`trl_marl.trainers.preference.collection`): the resumed run continues at the failed chunk.
+
+    `trained`: the failure came after the training loop (`trainer._after_training`: the final evaluation), so the
+    training is complete; one that came in the loop after its last optimizer step (the evaluation at the end of an
+    `eval_strategy="steps"` run) is too. The note then says so: the checkpoint holds the trained agents, and a run
+    resumed from it trains no further step (it runs `_after_training` again: the final evaluation).
     """
     args, step = trainer.args, trainer.state.global_step
     folder = os.path.join(args.output_dir, f"checkpoint-{step}")
-    savable = trainer._step % args.gradient_accumulation_steps == 0 and trainer.accelerator.num_processes == 1
-    collection = trainer._unsaved_collection()
+    savable = trainer.accelerator.num_processes == 1 and (
+        trained or trainer._step % args.gradient_accumulation_steps == 0
+    )
+    collection = None if trained else trainer._unsaved_collection()
+    complete = trained or (collection is None and 0 < trainer.state.max_steps <= step)
+    failed = "its final evaluation" if trained else "the evaluation after its last step"
+    stopped = f"the run's training is complete (step {step}) but {failed} failed" if complete else None
     then = "resume with train(resume_from_checkpoint=True)"
     if collection is not None and savable:
         note = f"the run stopped at step {step} in {collection}: {_checkpoint_now(trainer)} holds their pairs"
+    elif complete and savable:
+        if checkpoint_status(folder) is not None:
+            folder = _checkpoint_now(trainer)
+        note = f"{stopped}: {folder} holds the trained agents (AgentTeam.from_pretrained({folder!r}) loads them)"
+        then = (
+            "resume with train(resume_from_checkpoint=True): it trains no further step and only runs the final "
+            "evaluation again"
+            if trained
+            else "evaluate them with trainer.evaluate() (train(resume_from_checkpoint=True) trains no further step)"
+        )
     elif step > 0 and savable:
         if checkpoint_status(folder) is not None:
             trainer._save_checkpoint(trainer.model_wrapped, trial=None)
         note = f"the run stopped after step {step}: {folder} holds it"
     else:
+        stopped = stopped or f"the run stopped at step {step}"
         latest = latest_complete_checkpoint(args.output_dir, warn=False)
-        note = f"the run stopped at step {step}; the latest checkpoint is {latest}"
+        note = f"{stopped}; the latest checkpoint is {latest}"
         if latest is None:
-            note, then = f"the run stopped at step {step} with no checkpoint to resume from", "start it again"
+            note, then = f"{stopped} with no checkpoint to resume from", "start it again"
     note = f"trl_marl: {note}; {_remedy(error)}, then {then}"
     logger.warning(note)
     error.add_note(note)
