@@ -765,6 +765,26 @@ def test_a_device_list_read_only_in_mp_mode_is_refused_with_parallel_training_no
     assert args.parallel_training == "none" and args.reference_devices == ["cpu"]
 
 
+def test_reference_devices_are_refused_when_the_run_scores_no_reference(make_args):
+    """reference_devices places the frozen references, built only for the reward-side KL or TRL's loss with a
+    loss-side beta > 0 (old code: accepted and ignored when neither was on)."""
+    from trl_marl import MAPPOConfig
+
+    with pytest.raises(ValueError, match=r"reference_devices=\['cpu'\] places the frozen references.*scores none"):
+        make_args(reference_devices=["cpu"])
+    with pytest.raises(ValueError, match="scores none"):
+        make_args(loss_type="grpo", beta=0.0, reference_devices=["cpu"])
+    with pytest.raises(ValueError, match="scores none"):
+        make_args(MAPPOConfig, reference_devices=["cpu"])
+    for kept in (
+        make_args(reference_kl_enabled=True, reference_devices=["cpu"]),
+        make_args(loss_type="grpo", beta=0.04, reference_devices=["cpu"]),
+        make_args(loss_type="grpo", beta=[0.0, 0.1], reference_devices=["cpu"]),
+        make_args(MAPPOConfig, reference_kl_enabled=True, reference_devices=["cpu"]),
+    ):
+        assert kept.scores_reference and kept.reference_devices == ["cpu"]
+
+
 def test_critic_devices_with_value_heads_on_the_actors_are_refused(make_args):
     """IAC's value heads sit on their agents: critic_devices placed nothing (old code: accepted, even in mp mode)."""
     from trl_marl import IACConfig, MARLHFConfig

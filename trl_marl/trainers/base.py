@@ -237,7 +237,7 @@ class MultiAgentTrainer(_BaseTrainer):
 
         # ---- the parts ----
         self._metrics = MetricsRecorder(self.accelerator, n, self.eos_ids, metrics_callback)
-        self.reference_models = building.reference_models(self) if building.needs_reference(args) else None
+        self.reference_models = building.reference_models(self) if args.scores_reference else None
         if is_fsdp2(self.accelerator):
             # shard the team before the optimizer is built (trl_marl.distributed.fsdp: per layer, per agent, then the team)
             shard_team(self.model, self.accelerator)

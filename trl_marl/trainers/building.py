@@ -30,7 +30,6 @@ __all__ = [
     "load_team_members",
     "generation_engine",
     "place_agents",
-    "needs_reference",
     "reference_models",
     "sync_reference_models",
     "set_kl_penalties",
@@ -109,18 +108,6 @@ def generation_engine(trainer: Any) -> GenerationEngine:
     from trl_marl.generation.vllm_backend import VLLMTeamGeneration
 
     return VLLMTeamGeneration(engine, args, trainer.peft_config, policy_version, record)
-
-
-def needs_reference(args: Any) -> bool:
-    """Whether a run scores a reference: the reward-side KL (`reference_kl_enabled`) or, with TRL's loss
-    (`uses_trl_loss`, the MAGRPO family), the loss-side `beta > 0` of any agent (MADPO's `beta` is DPO's, another
-    field)."""
-    if args.reference_kl_enabled:
-        return True
-    if not getattr(args, "uses_trl_loss", False):
-        return False
-    beta = args.beta
-    return any(b > 0 for b in (beta if isinstance(beta, (list, tuple)) else [beta]))
 
 
 def reference_models(trainer: Any) -> list[nn.Module]:

@@ -115,7 +115,7 @@ class MultiAgentConfig(_BaseConfig):
         reference_kl_enabled: subtract a KL penalty to a frozen copy of each agent's initial weights from the reward.
         reference_kl_coef: weight of that penalty (per-sequence k3 estimate summed over completion tokens).
         reference_devices: devices of the frozen references (one, or one per agent); `None` puts each beside its
-            agent.
+            agent. Refused when the run scores no reference (`scores_reference`: nothing would read it).
         eval_interval: evaluate every this many training steps (sets `eval_strategy="steps"`); `None` keeps
             `eval_strategy` / `eval_steps` as given. Evaluation samples the current agents (one completion per agent,
             training sampling settings) on `eval_dataset` and scores them with the task reward.
@@ -420,6 +420,13 @@ class MultiAgentConfig(_BaseConfig):
                 self.use_cpu = True
         self._resolve_per_device_batch()
         self._validate_multi_agent()
+        # after the subclass's checks, whose own messages say more (MADPO's reference is ref_model=)
+        if self.reference_devices is not None and not self.scores_reference:
+            raise ValueError(
+                f"reference_devices={self.reference_devices!r} places the frozen references, and this run scores none "
+                "(reference_kl_enabled=False, and no loss-side beta > 0): set reference_kl_enabled=True (or beta > 0 "
+                "with TRL's loss) to use a reference, or leave reference_devices unset"
+            )
         if self.train_batch_size is None:
             self.train_batch_size = self.rollout_buffer_size
         self.per_device_train_batch_size = self.train_batch_size
@@ -555,6 +562,18 @@ class MultiAgentConfig(_BaseConfig):
     def steps_per_rollout(self) -> int:
         """Training steps taken on each rollout: `rollout_buffer_size / train_batch_size`."""
         return self.rollout_buffer_size // (self.train_batch_size or self.rollout_buffer_size)
+
+    @property
+    def scores_reference(self) -> bool:
+        """Whether the run scores a frozen reference policy: the reward-side KL (`reference_kl_enabled`) or, with
+        TRL's loss (`uses_trl_loss`, the MAGRPO family), the loss-side `beta > 0` of any agent (MADPO's `beta` is
+        DPO's, another field). `trl_marl.trainers.building.reference_models` builds the references then."""
+        if self.reference_kl_enabled:
+            return True
+        if not getattr(self, "uses_trl_loss", False):
+            return False
+        beta = self.beta
+        return any(b > 0 for b in (beta if isinstance(beta, (list, tuple)) else [beta]))
 
     @property
     def completions_per_item(self) -> int:
