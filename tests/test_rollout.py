@@ -235,9 +235,8 @@ def test_a_formatter_that_returns_another_kind_of_prompt_for_a_later_item_names_
         text = f"Write about {item['topic']}."
         return [{"role": "user", "content": text}] if item["topic"] % 2 else text
 
-    engine = JointRollout.__new__(JointRollout)
-    engine.formatters, engine.num_agents = [chat_for_odd], 1
-    engine.render = PromptRenderer([tiny_tokenizer])
+    never_scored = RewardFunction(lambda *completions: [0.0] * len(completions[0]), 1)
+    engine = JointRollout(1, [chat_for_odd], PromptRenderer([tiny_tokenizer]), never_scored, num_generations=1)
     assert engine.first_prompts({"topic": 2}) == ["Write about 2."]
     assert engine.first_prompts({"topic": 4}) == ["Write about 4."]
     with pytest.raises(

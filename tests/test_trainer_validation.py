@@ -630,9 +630,11 @@ def test_a_chat_template_that_fails_on_a_prompt_names_the_item_and_the_agent(tin
 
     strict = copy.deepcopy(tiny_tokenizer)
     strict.chat_template = "{{ raise_exception('Conversation roles must alternate user/assistant') }}"
-    engine = JointRollout.__new__(JointRollout)
-    engine.formatters, engine.num_agents = [lambda item: "plain text", lambda item: item["prompt"]], 2
-    engine.render = PromptRenderer([tiny_tokenizer, strict])
+    from trl_marl.rewards import RewardFunction
+
+    never_scored = RewardFunction(lambda *completions: [0.0] * len(completions[0]), 2)
+    formatters = [lambda item: "plain text", lambda item: item["prompt"]]
+    engine = JointRollout(2, formatters, PromptRenderer([tiny_tokenizer, strict]), never_scored, num_generations=1)
     item = {"prompt": [{"role": "user", "content": "Hi"}], "id": 7}
     with pytest.raises(
         PromptError,

@@ -100,6 +100,7 @@ class JointRollout:
         self.greedy_baseline = greedy_baseline
         self.synced = synced
         self._transition_kwargs = _accepted_kwargs(external_transition) if external_transition else set()
+        self._first_kinds: dict[int, tuple[str, str]] = {}  # agent -> (prompt kind, the item first met in)
         size = tree_size(num_generations, num_agents, num_turns, joint_mode)
         if size > TREE_WARN_SIZE:
             warnings.warn(
@@ -153,10 +154,9 @@ class JointRollout:
         (`PromptRenderer.chat`, with which preference pairs are re-tokenized). A custom formatter's output is seen
         only here (a default formatter's column is checked at construction: `check_prompt_column`); a transition's
         later-turn prompts may be of another kind (each prompt is tokenized as its kind: `prompt_token_ids`)."""
-        kinds = self.__dict__.setdefault("_first_kinds", {})  # agent -> (kind, the item it was first met in)
-        kind, first = prompt_kind(formatted), kinds.get(i)
+        kind, first = prompt_kind(formatted), self._first_kinds.get(i)
         if first is None and kind != "no prompt":
-            kinds[i] = (kind, describe_item(item))
+            self._first_kinds[i] = (kind, describe_item(item))
         elif first is not None and kind not in (first[0], "no prompt"):
             raise PromptError(
                 f"{describe_item(item)}: the prompt that agent {i + 1}'s formatter returns is {kind}, but for "

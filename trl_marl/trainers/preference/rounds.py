@@ -131,6 +131,7 @@ class RoundDriver:
         self._next = 0
         self._resume_round: dict | None = None
         self._user_max_steps: int | None = None  # the user's max_steps while the run's is in `args` (`running`)
+        self._warned_comparator_state = False  # a comparator state with invalid unicode is warned of once
         trainer.add_callback(_RoundCallback(self))
 
     # ---- sizes and the max_steps cap ----
@@ -463,7 +464,7 @@ class RoundDriver:
         """Warn (once) of a comparator state holding invalid unicode (a lone surrogate, e.g. an API's text kept in a
         cache): it is written as JSON's `\\ud800` escape, which `load_state` restores exactly but strict JSON
         parsers refuse; replacing it would change what the comparator resumes with."""
-        if state is None or getattr(self, "_warned_comparator_state", False) or valid_texts(state) == state:
+        if state is None or self._warned_comparator_state or valid_texts(state) == state:
             return
         self._warned_comparator_state = True
         logger.warning(
